@@ -1,0 +1,164 @@
+#include "common/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace conveyor {
+namespace {
+
+constexpr char kSingleFile[] = "model.safetensors";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// INVALID_ARGUMENT naming the tensor, its file and both shapes unless they match.
+absl::Status CheckShape(const TensorView& tensor, const std::string& path,
+                        const std::vector<int64_t>& expected_shape) {
+  if (tensor.shape == expected_shape) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "' in ", path,
+                                                 " has shape ", ShapeString(tensor.shape),
+                                                 ", expected ", ShapeString(expected_shape)));
+}
+
+// Reads `<index_path>`'s weight_map: tensor name -> shard file name.
+absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::string& index_path) {
+  std::ifstream in(index_path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(index_path, ": cannot open"));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const nlohmann::json index =
+      nlohmann::json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded()) {
+    return absl::DataLossError(absl::StrCat(index_path, ": not valid JSON"));
+  }
+  auto weight_map = index.is_object() ? index.find("weight_map") : index.end();
+  if (weight_map == index.end() || !weight_map->is_object()) {
+    return absl::DataLossError(absl::StrCat(index_path, ": no 'weight_map' object"));
+  }
+  std::map<std::string, std::string> tensor_to_shard;
+  for (const auto& [tensor, shard] : weight_map->items()) {
+    if (!shard.is_string()) {
+      return absl::DataLossError(absl::StrCat(index_path, ": weight_map entry for tensor '", tensor,
+                                              "' is not a file name"));
+    }
+    tensor_to_shard.emplace(tensor, shard.get<std::string>());
+  }
+  return tensor_to_shard;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& model_dir) {
+  std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
+  checkpoint->dir_ = model_dir;
+  const std::filesystem::path dir(model_dir);
+  const std::string index_path = (dir / kIndexFile).string();
+  const std::string single_path = (dir / kSingleFile).string();
+
+  std::error_code ignored;  // A path that cannot be checked counts as absent.
+  if (std::filesystem::exists(index_path, ignored)) {
+    ASSIGN_OR_RETURN(auto tensor_to_shard, ReadWeightMap(index_path));
+    std::map<std::string, const SafetensorsFile*> opened;  // Shard name -> file.
+    for (const auto& [tensor, shard] : tensor_to_shard) {
+      auto [it, inserted] = opened.try_emplace(shard, nullptr);
+      if (inserted) {
+        const std::string shard_path = (dir / shard).string();
+        absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path);
+        if (!file.ok()) {
+          return absl::Status(file.status().code(),
+                              absl::StrCat(index_path, " names shard '", shard, "' for tensor '",
+                                           tensor, "': ", file.status().message()));
+        }
+        it->second = file->get();
+        checkpoint->files_.push_back(*std::move(file));
+      }
+      if (!it->second->Contains(tensor)) {
+        return absl::DataLossError(absl::StrCat(index_path, " maps tensor '", tensor, "' to ",
+                                                it->second->path(), ", which lacks it"));
+      }
+      checkpoint->tensor_to_file_.emplace(tensor, it->second);
+    }
+  } else if (std::filesystem::exists(single_path, ignored)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single_path));
+    for (const std::string& tensor : file->TensorNames()) {
+      checkpoint->tensor_to_file_.emplace(tensor, file.get());
+    }
+    checkpoint->files_.push_back(std::move(file));
+  } else {
+    return absl::NotFoundError(
+        absl::StrCat(model_dir, ": neither ", kSingleFile, " nor ", kIndexFile, " exists"));
+  }
+  return checkpoint;
+}
+
+bool Checkpoint::Contains(const std::string& name) const { return tensor_to_file_.contains(name); }
+
+absl::StatusOr<TensorView> Checkpoint::Find(const std::string& name) const {
+  auto it = tensor_to_file_.find(name);
+  if (it == tensor_to_file_.end()) {
+    return absl::NotFoundError(absl::StrCat(dir_, ": checkpoint has no tensor '", name, "'"));
+  }
+  return it->second->Find(name);
+}
+
+absl::Status Checkpoint::ReadF32(const std::string& name,
+                                 const std::vector<int64_t>& expected_shape, float* out) const {
+  ASSIGN_OR_RETURN(const TensorView tensor, Find(name));
+  RETURN_IF_ERROR(CheckShape(tensor, tensor_to_file_.at(name)->path(), expected_shape));
+  ConvertToF32(tensor.dtype, tensor.data, static_cast<size_t>(tensor.NumElements()), out);
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint::ReadF32Slice(const std::string& name,
+                                      const std::vector<int64_t>& expected_shape, int dim,
+                                      int64_t begin, int64_t end, float* out) const {
+  ASSIGN_OR_RETURN(const TensorView tensor, Find(name));
+  const std::string& path = tensor_to_file_.at(name)->path();
+  RETURN_IF_ERROR(CheckShape(tensor, path, expected_shape));
+  const int rank = static_cast<int>(tensor.shape.size());
+  if (rank < 1 || rank > 2 || dim < 0 || dim >= rank) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' in ", path, " with shape ",
+                                                   ShapeString(tensor.shape),
+                                                   " cannot be sliced along dimension ", dim));
+  }
+  if (begin < 0 || begin > end || end > tensor.shape[dim]) {
+    return absl::OutOfRangeError(absl::StrCat("slice [", begin, ", ", end, ") of dimension ", dim,
+                                              " of tensor '", name, "' in ", path, " with shape ",
+                                              ShapeString(tensor.shape)));
+  }
+  const size_t element_bytes = DTypeSize(tensor.dtype);
+  const int64_t rows = tensor.shape[0];
+  const int64_t cols = rank == 2 ? tensor.shape[1] : 1;
+  if (dim == 0) {  // Whole rows: one contiguous run.
+    ConvertToF32(tensor.dtype, tensor.data + begin * cols * element_bytes,
+                 static_cast<size_t>((end - begin) * cols), out);
+    return absl::OkStatus();
+  }
+  const int64_t width = end - begin;
+  for (int64_t row = 0; row < rows; ++row) {
+    ConvertToF32(tensor.dtype, tensor.data + (row * cols + begin) * element_bytes,
+                 static_cast<size_t>(width), out + row * width);
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Checkpoint::TotalTensorBytes() const {
+  // Tensors of unsupported dtypes are never read, so they are not counted.
+  uint64_t total = 0;
+  for (const auto& [name, file] : tensor_to_file_) {
+    absl::StatusOr<TensorView> tensor = file->Find(name);
+    if (tensor.ok()) total += tensor->size_bytes;
+  }
+  return total;
+}
+
+}  // namespace conveyor

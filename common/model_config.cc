@@ -1,0 +1,271 @@
+#include "common/model_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace conveyor {
+namespace {
+
+enum class Need { kRequired, kOptional };
+
+bool FitsInInt(const nlohmann::json& value) {
+  if (value.is_number_unsigned()) {
+    return value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int>::max());
+  }
+  return value.is_number_integer() && value.get<int64_t>() >= std::numeric_limits<int>::min() &&
+         value.get<int64_t>() <= std::numeric_limits<int>::max();
+}
+
+// Typed access to the keys of one JSON object; every error is INVALID_ARGUMENT naming
+// the source file and the key (prefixed for nested objects, e.g. "rope_scaling.factor").
+class ConfigReader {
+ public:
+  ConfigReader(const nlohmann::json& object, std::string_view source, std::string_view prefix)
+      : object_(object), source_(source), prefix_(prefix) {}
+
+  // Whether `key` is present with a non-null value.
+  bool Has(const std::string& key) const {
+    auto it = object_.find(key);
+    return it != object_.end() && !it->is_null();
+  }
+
+  // Stores `key`'s value in `*out`. An absent or null optional key leaves `*out` as is.
+  template <typename T>
+  absl::Status Read(const std::string& key, Need need, T* out) const {
+    auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) {
+      return need == Need::kRequired ? Error(key, "is required") : absl::OkStatus();
+    }
+    return Convert(key, *it, out);
+  }
+
+  // Reads an int or a list of ints (e.g. eos_token_id); absent or null gives none.
+  absl::Status ReadIntList(const std::string& key, std::vector<int>* out) const {
+    out->clear();
+    auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) return absl::OkStatus();
+    if (!it->is_array()) return Convert(key, *it, &out->emplace_back());
+    for (const nlohmann::json& element : *it) {
+      RETURN_IF_ERROR(Convert(key, element, &out->emplace_back()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Error(const std::string& key, absl::string_view problem) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": '", prefix_, key, "' ", problem));
+  }
+
+ private:
+  template <typename T>
+  absl::Status Convert(const std::string& key, const nlohmann::json& value, T* out) const {
+    if constexpr (std::is_same_v<T, int>) {
+      if (!FitsInInt(value)) {
+        return Error(key, absl::StrCat("must be an integer in int range, got ", value.dump()));
+      }
+      *out = value.get<int>();
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (!value.is_number()) {
+        return Error(key, absl::StrCat("must be a number, got ", value.dump()));
+      }
+      *out = value.get<float>();
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!value.is_boolean()) {
+        return Error(key, absl::StrCat("must be a boolean, got ", value.dump()));
+      }
+      *out = value.get<bool>();
+    } else {
+      static_assert(std::is_same_v<T, std::string>);
+      if (!value.is_string()) {
+        return Error(key, absl::StrCat("must be a string, got ", value.dump()));
+      }
+      *out = value.get<std::string>();
+    }
+    return absl::OkStatus();
+  }
+
+  const nlohmann::json& object_;
+  std::string source_;
+  std::string prefix_;
+};
+
+absl::Status RequirePositive(const ConfigReader& reader, const std::string& key, double value) {
+  if (value > 0) return absl::OkStatus();
+  return reader.Error(key, absl::StrCat("must be positive, got ", value));
+}
+
+absl::Status ParseRopeScaling(const nlohmann::json& json, std::string_view source,
+                              RopeScaling* scaling) {
+  const ConfigReader reader(json, source, "rope_scaling.");
+  // Newer transformers write "rope_type"; older configs write "type".
+  const std::string type_key = reader.Has("rope_type") ? "rope_type" : "type";
+  std::string type;
+  RETURN_IF_ERROR(reader.Read(type_key, Need::kRequired, &type));
+  if (type == "default") {  // transformers' spelling of "no scaling".
+    scaling->type = RopeScaling::Type::kNone;
+    return absl::OkStatus();
+  }
+  if (type == "linear") {
+    scaling->type = RopeScaling::Type::kLinear;
+  } else if (type == "llama3") {
+    scaling->type = RopeScaling::Type::kLlama3;
+  } else {
+    return reader.Error(type_key,
+                        absl::StrCat("'", type, "' is not supported (supported: linear, llama3)"));
+  }
+  RETURN_IF_ERROR(reader.Read("factor", Need::kRequired, &scaling->factor));
+  RETURN_IF_ERROR(RequirePositive(reader, "factor", scaling->factor));
+  if (scaling->type != RopeScaling::Type::kLlama3) return absl::OkStatus();
+  RETURN_IF_ERROR(reader.Read("low_freq_factor", Need::kOptional, &scaling->low_freq_factor));
+  RETURN_IF_ERROR(reader.Read("high_freq_factor", Need::kOptional, &scaling->high_freq_factor));
+  RETURN_IF_ERROR(reader.Read("original_max_position_embeddings", Need::kOptional,
+                              &scaling->original_max_position_embeddings));
+  RETURN_IF_ERROR(RequirePositive(reader, "low_freq_factor", scaling->low_freq_factor));
+  // The llama3 rule interpolates between the two wavelength bounds, dividing by the gap.
+  if (scaling->high_freq_factor <= scaling->low_freq_factor) {
+    return reader.Error("high_freq_factor", "must exceed low_freq_factor");
+  }
+  return RequirePositive(reader, "original_max_position_embeddings",
+                         scaling->original_max_position_embeddings);
+}
+
+absl::Status CheckTokenId(const ConfigReader& reader, const std::string& key, int id,
+                          int vocab_size) {
+  if (id >= 0 && id < vocab_size) return absl::OkStatus();
+  return reader.Error(key,
+                      absl::StrCat("id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+}
+
+}  // namespace
+
+uint64_t ModelConfig::NumParameters() const {
+  const uint64_t hidden = hidden_size;
+  const uint64_t q_width = static_cast<uint64_t>(num_attention_heads) * head_dim;
+  const uint64_t kv_width = static_cast<uint64_t>(num_kv_heads) * head_dim;
+  uint64_t attention = hidden * q_width + 2 * hidden * kv_width + q_width * hidden;
+  if (qkv_bias) attention += q_width + 2 * kv_width;
+  if (o_bias) attention += hidden;
+  const uint64_t mlp = 3 * hidden * intermediate_size;  // gate, up, down.
+  const uint64_t norms = 2 * hidden;                    // Before attention and before MLP.
+  const uint64_t embedding = static_cast<uint64_t>(vocab_size) * hidden;
+  const uint64_t lm_head = tie_word_embeddings ? 0 : embedding;
+  return embedding + num_layers * (attention + mlp + norms) + hidden + lm_head;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view source) {
+  const nlohmann::json json =
+      nlohmann::json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": not a JSON object"));
+  }
+  const ConfigReader reader(json, source, "");
+  ModelConfig config;
+
+  RETURN_IF_ERROR(reader.Read("model_type", Need::kRequired, &config.model_type));
+  if (config.model_type != "llama" && config.model_type != "mistral" &&
+      config.model_type != "qwen2") {
+    return reader.Error("model_type", absl::StrCat("'", config.model_type,
+                                                   "' is not supported (llama, mistral, qwen2)"));
+  }
+  if (reader.Has("architectures")) {
+    const nlohmann::json& list = json["architectures"];
+    if (!list.is_array() || list.empty() || !list[0].is_string()) {
+      return reader.Error("architectures", "must be a non-empty list of strings");
+    }
+    config.architecture = list[0].get<std::string>();
+  }
+
+  RETURN_IF_ERROR(reader.Read("vocab_size", Need::kRequired, &config.vocab_size));
+  RETURN_IF_ERROR(reader.Read("hidden_size", Need::kRequired, &config.hidden_size));
+  RETURN_IF_ERROR(reader.Read("intermediate_size", Need::kRequired, &config.intermediate_size));
+  RETURN_IF_ERROR(reader.Read("num_hidden_layers", Need::kRequired, &config.num_layers));
+  RETURN_IF_ERROR(reader.Read("num_attention_heads", Need::kRequired, &config.num_attention_heads));
+  RETURN_IF_ERROR(
+      reader.Read("max_position_embeddings", Need::kRequired, &config.max_context_tokens));
+  for (const auto& [key, value] : {std::pair<std::string, int>{"vocab_size", config.vocab_size},
+                                   {"hidden_size", config.hidden_size},
+                                   {"intermediate_size", config.intermediate_size},
+                                   {"num_hidden_layers", config.num_layers},
+                                   {"num_attention_heads", config.num_attention_heads},
+                                   {"max_position_embeddings", config.max_context_tokens}}) {
+    RETURN_IF_ERROR(RequirePositive(reader, key, value));
+  }
+
+  config.num_kv_heads = config.num_attention_heads;
+  RETURN_IF_ERROR(reader.Read("num_key_value_heads", Need::kOptional, &config.num_kv_heads));
+  RETURN_IF_ERROR(RequirePositive(reader, "num_key_value_heads", config.num_kv_heads));
+  if (config.num_attention_heads % config.num_kv_heads != 0) {
+    return reader.Error("num_key_value_heads",
+                        absl::StrCat(config.num_kv_heads, " does not divide num_attention_heads ",
+                                     config.num_attention_heads));
+  }
+  if (reader.Has("head_dim")) {
+    RETURN_IF_ERROR(reader.Read("head_dim", Need::kRequired, &config.head_dim));
+    RETURN_IF_ERROR(RequirePositive(reader, "head_dim", config.head_dim));
+  } else if (config.hidden_size % config.num_attention_heads != 0) {
+    return reader.Error(
+        "hidden_size",
+        absl::StrCat(config.hidden_size, " is not a multiple of num_attention_heads ",
+                     config.num_attention_heads, " and no head_dim is given"));
+  } else {
+    config.head_dim = config.hidden_size / config.num_attention_heads;
+  }
+
+  RETURN_IF_ERROR(reader.Read("rms_norm_eps", Need::kOptional, &config.rms_norm_eps));
+  RETURN_IF_ERROR(RequirePositive(reader, "rms_norm_eps", config.rms_norm_eps));
+  RETURN_IF_ERROR(reader.Read("rope_theta", Need::kOptional, &config.rope_theta));
+  RETURN_IF_ERROR(RequirePositive(reader, "rope_theta", config.rope_theta));
+  if (reader.Has("rope_scaling")) {
+    if (!json["rope_scaling"].is_object()) {
+      return reader.Error("rope_scaling", "must be an object or null");
+    }
+    RETURN_IF_ERROR(ParseRopeScaling(json["rope_scaling"], source, &config.rope_scaling));
+  }
+  RETURN_IF_ERROR(reader.Read("tie_word_embeddings", Need::kOptional, &config.tie_word_embeddings));
+  RETURN_IF_ERROR(reader.Read("torch_dtype", Need::kOptional, &config.torch_dtype));
+
+  if (config.model_type == "qwen2") {
+    config.qkv_bias = true;
+  } else if (config.model_type == "llama") {
+    bool attention_bias = false;
+    RETURN_IF_ERROR(reader.Read("attention_bias", Need::kOptional, &attention_bias));
+    config.qkv_bias = config.o_bias = attention_bias;
+  } else if (reader.Has("sliding_window")) {  // Mistral.
+    int sliding_window = 0;
+    RETURN_IF_ERROR(reader.Read("sliding_window", Need::kRequired, &sliding_window));
+    RETURN_IF_ERROR(RequirePositive(reader, "sliding_window", sliding_window));
+    config.max_context_tokens = std::min(config.max_context_tokens, sliding_window);
+  }
+
+  if (reader.Has("bos_token_id")) {
+    RETURN_IF_ERROR(reader.Read("bos_token_id", Need::kRequired, &config.bos_token_id));
+    RETURN_IF_ERROR(CheckTokenId(reader, "bos_token_id", config.bos_token_id, config.vocab_size));
+  }
+  RETURN_IF_ERROR(reader.ReadIntList("eos_token_id", &config.eos_token_ids));
+  for (int id : config.eos_token_ids) {
+    RETURN_IF_ERROR(CheckTokenId(reader, "eos_token_id", id, config.vocab_size));
+  }
+  return config;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseModelConfig(text, path);
+}
+
+}  // namespace conveyor

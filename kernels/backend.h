@@ -1,0 +1,139 @@
+// The math a worker needs for one forward pass, behind one interface with a CPU and a
+// CUDA implementation. The model (worker/model.h) is written once against it.
+//
+// Buffers live in the backend's memory (host memory for `cpu`, device memory for `cuda`)
+// and hold activations in the backend's compute dtype. Every operation works on a flat
+// batch of tokens that mixes prefill chunks and decode tokens of different sequences.
+//
+// Batch invariance: every operation computes a token's outputs with a reduction order
+// that depends only on that token's inputs (never on how many other tokens are in the
+// batch or where it sits), so a sequence produces the same bits alone or batched.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace conveyor::kernels {
+
+// A linear layer's weight [out_features, in_features] (+ optional bias), in whatever
+// layout the backend computes fastest from. Made by Backend::PackLinear.
+class LinearWeight {
+ public:
+  virtual ~LinearWeight() = default;
+  virtual int out_features() const = 0;
+  virtual int in_features() const = 0;
+  // Bytes of backend memory the packed weight occupies.
+  virtual size_t size_bytes() const = 0;
+};
+
+// One layer's paged KV cache: K and V, each [num_slots, num_kv_heads, head_dim], where
+// slot = block_id * block_size + offset_in_block.
+struct KvLayer {
+  void* k = nullptr;
+  void* v = nullptr;
+};
+
+// Per-step attention metadata for the flat batch (all pointers in backend memory).
+struct AttentionBatch {
+  int num_tokens = 0;
+  const int32_t* token_seq = nullptr;  // [num_tokens]: index of the token's sequence.
+  const int32_t* token_pos = nullptr;  // [num_tokens]: the token's position in it.
+  const int32_t* slot_mapping = nullptr;  // [num_tokens]: KV slot the token writes.
+  int num_seqs = 0;
+  // [num_seqs, max_blocks_per_seq]: each sequence's block table, padded.
+  const int32_t* block_tables = nullptr;
+  int max_blocks_per_seq = 0;
+  int block_size = 0;
+};
+
+struct AttentionShape {
+  int num_heads = 0;     // Query heads on this rank.
+  int num_kv_heads = 0;  // KV heads on this rank.
+  int head_dim = 0;
+  float scale = 1.0f;    // Usually 1/sqrt(head_dim).
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  // Bytes per activation element (4 for fp32 compute).
+  virtual size_t activation_bytes() const = 0;
+
+  // --- Memory -----------------------------------------------------------------------
+  // Returns `bytes` of backend memory (64-byte aligned), or RESOURCE_EXHAUSTED.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual void CopyToBackend(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  // Blocks until queued work is done (no-op for the CPU).
+  virtual void Synchronize() = 0;
+
+  // --- Weights ----------------------------------------------------------------------
+  // Packs a float32 row-major weight [out, in] (and bias [out] or null) for Linear.
+  virtual absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinear(const float* weight,
+                                                                   int out_features,
+                                                                   int in_features,
+                                                                   const float* bias) = 0;
+  // Copies a float32 host vector/matrix into backend memory in the compute dtype.
+  virtual absl::StatusOr<void*> UploadTensor(const float* host, size_t count) = 0;
+
+  // --- Operations (activation pointers in backend memory) ----------------------------
+  // out[t, :] = table[ids[t], :] for t < n; ids are in [0, rows) (checked by the caller).
+  virtual void Embedding(const void* table, int hidden, const int32_t* ids, int n,
+                         void* out) = 0;
+  // out = RMSNorm(x) * weight, per row of [n, hidden].
+  virtual void RmsNorm(const void* x, const void* weight, int n, int hidden, float eps,
+                       void* out) = 0;
+  // residual += x; out = RMSNorm(residual) * weight, per row.
+  virtual void AddRmsNorm(void* residual, const void* x, const void* weight, int n,
+                          int hidden, float eps, void* out) = 0;
+  // out[n, out_features] = x[n, in_features] · Wᵀ (+ bias).
+  virtual void Linear(const void* x, int n, const LinearWeight& weight, void* out) = 0;
+  // Rotates q [n, num_heads, head_dim] and k [n, num_kv_heads, head_dim] in place by
+  // each token's position (rotate-half convention), with cos/sin rows from `rope_table`
+  // ([max_positions, head_dim / 2] cos then the same of sin). q and k may be strided:
+  // row t starts at base + t * row_stride elements.
+  virtual void Rope(void* q, void* k, int n, int row_stride, const int32_t* positions,
+                    const void* rope_table, int max_positions, const AttentionShape& shape) = 0;
+  // Writes k, v rows (strided as in Rope) into their KV slots.
+  virtual void WriteKv(const void* k, const void* v, int n, int row_stride,
+                       const int32_t* slot_mapping, const AttentionShape& shape,
+                       KvLayer layer) = 0;
+  // out[t] = softmax(q[t]·Kᵀ·scale) V over positions 0..token_pos[t] of the token's
+  // sequence (causal; K/V of the token itself must already be written).
+  virtual void PagedAttention(const void* q, int q_row_stride, const AttentionBatch& batch,
+                              const AttentionShape& shape, KvLayer layer, void* out) = 0;
+  // out[t, :] = silu(gate_up[t, :ffn]) * gate_up[t, ffn:] for [n, 2 * ffn] input.
+  virtual void SiluMul(const void* gate_up, int n, int ffn, void* out) = 0;
+  // out[i, :] = x[rows[i], :] for i < n_rows.
+  virtual void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows,
+                          void* out) = 0;
+};
+
+// Owns backend memory: frees it through the backend that allocated it.
+struct BackendDeleter {
+  Backend* backend = nullptr;
+  void operator()(void* ptr) const {
+    if (ptr != nullptr) backend->Free(ptr);
+  }
+};
+using BackendBuffer = std::unique_ptr<void, BackendDeleter>;
+
+// Allocates `bytes` on `backend` as an owning buffer.
+inline absl::StatusOr<BackendBuffer> AllocateBuffer(Backend* backend, size_t bytes) {
+  absl::StatusOr<void*> ptr = backend->Allocate(bytes);
+  if (!ptr.ok()) return ptr.status();
+  return BackendBuffer(*ptr, BackendDeleter{backend});
+}
+
+// The CPU backend: our own fixed-reduction-order GEMM (AVX-512 where available),
+// multi-threaded over `num_threads` threads (0: one per core).
+std::unique_ptr<Backend> MakeCpuBackend(int num_threads);
+
+}  // namespace conveyor::kernels

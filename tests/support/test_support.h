@@ -1,0 +1,46 @@
+// Shared by the worker tests: where the generated test checkpoints are, their reference
+// outputs, and an in-process worker (backend + model + KV cache + step engine).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "worker/engine.h"
+#include "worker/kv_cache.h"
+#include "worker/model.h"
+
+namespace conveyor::testing {
+
+// The test checkpoints made by tests/make_test_data.sh (ctest runs it first).
+std::string TestDataDir();
+// The conveyor-worker binary of this build.
+std::string WorkerBinary();
+std::string TestModelDir(const std::string& variant);
+std::vector<std::string> TestModelVariants();
+
+// What tests/reference/llama_ref.py computed for a variant's prompts.
+struct Reference {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<std::vector<float>>> logits;  // [prompt][position][vocab]
+  std::vector<std::vector<int32_t>> greedy;             // [prompt][token]
+};
+Reference LoadReference(const std::string& variant);
+
+struct LocalWorker {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<worker::LlamaModel> model;
+  std::unique_ptr<worker::KvCache> cache;
+  std::unique_ptr<worker::StepEngine> engine;
+
+  // Aborts the test (ASSERT) on failure.
+  static std::unique_ptr<LocalWorker> Create(const std::string& model_dir, int num_threads,
+                                             int num_blocks, int block_size);
+};
+
+// ‖a − b‖ / ‖b‖.
+double RelativeError(const float* a, const float* b, size_t n);
+
+}  // namespace conveyor::testing

@@ -1,0 +1,138 @@
+// A real conveyor-worker process driven over gRPC on loopback: Init, a greedy generation
+// equal to the reference, a rejected step that leaves it serving, Health, Shutdown.
+#include <grpcpp/grpcpp.h>
+
+#include "gtest/gtest.h"
+#include "tests/support/subprocess.h"
+#include "tests/support/test_support.h"
+#include "worker.grpc.pb.h"
+
+namespace conveyor::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace v1 = worker::v1;
+
+class WorkerProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto process = Subprocess::Start({WorkerBinary(), "--port=0", "--threads=2"});
+    ASSERT_TRUE(process.has_value());
+    process_.emplace(std::move(*process));
+    const auto line = process_->WaitForLine("listening on", 30s);
+    ASSERT_TRUE(line.has_value()) << "worker did not start";
+    const int port = PortFromListeningLine(*line);
+    ASSERT_GT(port, 0) << *line;
+    auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                       grpc::InsecureChannelCredentials());
+    stub_ = v1::Worker::NewStub(channel);
+  }
+
+  grpc::Status Call(const v1::StepRequest& request, v1::StepResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 30s);
+    return stub_->Step(&context, request, response);
+  }
+
+  std::optional<Subprocess> process_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+};
+
+TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
+  {
+    grpc::ClientContext context;
+    v1::StepRequest request;
+    v1::StepResponse response;
+    EXPECT_EQ(stub_->Step(&context, request, &response).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  v1::InitResponse init;
+  {
+    grpc::ClientContext context;
+    v1::InitRequest request;
+    request.set_model_path(TestModelDir("llama3_gqa"));
+    request.set_block_size(16);
+    request.set_kv_cache_bytes(8 << 20);
+    ASSERT_TRUE(stub_->Init(&context, request, &init).ok());
+  }
+  EXPECT_GT(init.num_kv_blocks(), 0);
+  EXPECT_EQ(init.block_size(), 16);
+  EXPECT_EQ(init.model().num_layers(), 2);
+  EXPECT_EQ(init.model().num_kv_heads(), 2);
+
+  const Reference ref = LoadReference("llama3_gqa");
+  const std::vector<int32_t>& prompt = ref.prompts.back();
+  v1::StepRequest step;
+  auto* seq = step.add_new_sequences();
+  seq->set_seq_id(7);
+  seq->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+  seq->set_num_tokens(static_cast<int>(prompt.size()));
+  for (int b = 0; b * 16 < static_cast<int>(prompt.size() + ref.greedy.back().size()); ++b) {
+    seq->add_block_ids(b);
+  }
+  std::vector<int32_t> generated;
+  while (generated.size() < ref.greedy.back().size()) {
+    v1::StepResponse response;
+    const grpc::Status status = Call(step, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.tokens_size(), 1);
+    generated.push_back(response.tokens(0).token_id());
+    step.Clear();
+    step.add_running()->set_seq_id(7);
+    step.mutable_running(0)->set_num_tokens(1);
+
+    if (generated.size() == 5) {
+      // A malformed step in the middle is refused and changes nothing.
+      v1::StepRequest bad;
+      bad.add_running()->set_seq_id(12345);
+      bad.mutable_running(0)->set_num_tokens(1);
+      v1::StepResponse unused;
+      const grpc::Status refused = Call(bad, &unused);
+      EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_NE(refused.error_message().find("12345"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(generated, ref.greedy.back());
+
+  {
+    grpc::ClientContext context;
+    v1::HealthRequest request;
+    v1::HealthResponse health;
+    ASSERT_TRUE(stub_->Health(&context, request, &health).ok());
+    EXPECT_TRUE(health.initialized());
+    EXPECT_EQ(health.num_sequences(), 1);
+  }
+  {
+    grpc::ClientContext context;
+    v1::InitRequest request;
+    request.set_model_path(TestModelDir("llama3_gqa"));
+    v1::InitResponse again;
+    EXPECT_EQ(stub_->Init(&context, request, &again).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext context;
+    v1::ShutdownRequest request;
+    v1::ShutdownResponse response;
+    ASSERT_TRUE(stub_->Shutdown(&context, request, &response).ok());
+  }
+  EXPECT_EQ(process_->Wait(20s), 0);
+}
+
+TEST_F(WorkerProcessTest, InitErrorsNameTheProblem) {
+  grpc::ClientContext context;
+  v1::InitRequest request;
+  request.set_model_path(TestDataDir() + "/no_such_model");
+  v1::InitResponse response;
+  const grpc::Status status = stub_->Init(&context, request, &response);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.error_message().find("no_such_model"), std::string::npos)
+      << status.error_message();
+
+  // The worker survives a failed Init and SIGTERM stops it cleanly.
+  process_->Signal(SIGTERM);
+  EXPECT_EQ(process_->Wait(20s), 0);
+}
+
+}  // namespace
+}  // namespace conveyor::testing

@@ -1,0 +1,78 @@
+// conveyor-worker: serves one tensor-parallel rank of a model over gRPC
+// (proto/worker.proto). The scheduler tells it what to load (Init) and what to run (Step).
+#include <csignal>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "spdlog/spdlog.h"
+#include "worker/service.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
+ABSL_FLAG(int, port, 50061, "Port to listen on; 0 picks a free one (printed on stdout).");
+ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses one per core.");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
+
+namespace {
+
+// Stops the worker on SIGINT/SIGTERM as if Shutdown had been called.
+void WaitForSignalThenShutdown(conveyor::worker::WorkerService* service, sigset_t signals) {
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("received signal {}, shutting down", sig);
+  grpc::ServerContext unused_context;
+  conveyor::worker::v1::ShutdownRequest request;
+  conveyor::worker::v1::ShutdownResponse response;
+  service->Shutdown(&unused_context, &request, &response);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves one rank of a Llama-family model to a conveyor-scheduler over gRPC.\n"
+      "Usage: conveyor-worker [--host=127.0.0.1] [--port=50061] [--threads=N]");
+  absl::ParseCommandLine(argc, argv);
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+
+  // Signals go to the waiting thread only; block them before gRPC starts its threads.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  conveyor::worker::WorkerService::Options options;
+  options.num_threads = absl::GetFlag(FLAGS_threads);
+  conveyor::worker::WorkerService service(options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string address =
+      absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("cannot listen on {}", address);
+    return 1;
+  }
+  // Tests and scripts read this line to find the port.
+  std::printf("conveyor-worker listening on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(), port);
+  std::fflush(stdout);
+  spdlog::info("conveyor-worker listening on {}:{}", absl::GetFlag(FLAGS_host), port);
+
+  std::thread signal_thread(WaitForSignalThenShutdown, &service, signals);
+  signal_thread.detach();
+  service.WaitForShutdownRequest();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  spdlog::info("conveyor-worker stopped");
+  return 0;
+}

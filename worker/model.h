@@ -1,0 +1,90 @@
+// A Llama-family decoder (Llama, Mistral, Qwen2) on one backend: its weights, its RoPE
+// table, and the forward pass over a flat batch that mixes prefill chunks and decode
+// tokens of different sequences, reading and writing the paged KV cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "kernels/backend.h"
+#include "worker/kv_cache.h"
+
+namespace conveyor::worker {
+
+// One step's tokens, flattened. Host memory; the model copies it to the backend.
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;     // [num_tokens]
+  std::vector<int32_t> token_seq;     // [num_tokens]: index into the block tables.
+  std::vector<int32_t> token_pos;     // [num_tokens]: position in the sequence.
+  std::vector<int32_t> slot_mapping;  // [num_tokens]: KV slot to write.
+  int num_seqs = 0;
+  int max_blocks_per_seq = 0;
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], padded with 0.
+  // Rows of the batch whose logits are wanted (usually each sequence's last token).
+  std::vector<int32_t> logit_rows;
+
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+  void Clear();
+};
+
+class LlamaModel {
+ public:
+  // Loads the checkpoint in `model_dir` onto `backend` (which must outlive the model).
+  // Every missing tensor or wrong shape is an error naming the tensor and file.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
+                                                          kernels::Backend* backend);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  // Runs `batch` through the model, writing each token's K/V into `cache`, and copies
+  // the logits of batch.logit_rows to `logits` (host, [logit_rows.size(), vocab_size]).
+  // The caller has validated ids, positions and slots.
+  absl::Status Forward(const ForwardBatch& batch, const KvCache& cache, float* logits);
+
+  const ModelConfig& config() const { return config_; }
+  // Backend bytes taken by weights and the RoPE table.
+  size_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  struct Layer {
+    kernels::BackendBuffer input_norm;
+    kernels::BackendBuffer post_attention_norm;
+    std::unique_ptr<kernels::LinearWeight> qkv;  // Fused [q; k; v].
+    std::unique_ptr<kernels::LinearWeight> o;
+    std::unique_ptr<kernels::LinearWeight> gate_up;  // Fused [gate; up].
+    std::unique_ptr<kernels::LinearWeight> down;
+  };
+
+  LlamaModel(ModelConfig config, kernels::Backend* backend)
+      : config_(std::move(config)), backend_(backend) {}
+  absl::Status LoadWeights(const std::string& model_dir);
+  absl::Status BuildRopeTable();
+  // Grows the activation buffers to hold `num_tokens` tokens and `num_logit_rows` rows.
+  absl::Status Reserve(int num_tokens, int num_logit_rows, int metadata_ints);
+
+  ModelConfig config_;
+  kernels::Backend* backend_;
+  size_t weight_bytes_ = 0;
+
+  kernels::BackendBuffer embedding_;  // [vocab, hidden]
+  std::vector<Layer> layers_;
+  kernels::BackendBuffer final_norm_;
+  std::unique_ptr<kernels::LinearWeight> lm_head_;
+  kernels::BackendBuffer rope_table_;  // [max_context, head_dim/2] cos, then sin.
+
+  // Activation scratch, grown on demand.
+  int reserved_tokens_ = 0;
+  int reserved_logit_rows_ = 0;
+  int reserved_metadata_ints_ = 0;
+  kernels::BackendBuffer residual_, normed_, qkv_, attention_, projected_, gate_up_, mlp_;
+  kernels::BackendBuffer final_rows_, logits_;
+  kernels::BackendBuffer metadata_;  // Token ids, seqs, positions, slots, tables, rows.
+};
+
+}  // namespace conveyor::worker

@@ -1,0 +1,68 @@
+// Turns one sequence's logits into its next token: penalties, temperature, top-k, top-p,
+// min-p, a seeded draw, and optional log-probabilities.
+//
+// Randomness is counter-based: draw n of a sequence depends only on (seed, n), so a
+// sequence that is preempted and recomputed samples exactly what it would have sampled.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace conveyor::worker {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0: greedy.
+  int top_k = 0;             // 0: off.
+  float top_p = 1.0f;        // 1: off.
+  float min_p = 0.0f;        // 0: off.
+  float repetition_penalty = 1.0f;  // 1: off. HF semantics over prompt + output tokens.
+  float presence_penalty = 0.0f;    // 0: off. OpenAI semantics over output tokens.
+  float frequency_penalty = 0.0f;   // 0: off. OpenAI semantics over output tokens.
+  uint64_t seed = 0;
+  int num_logprobs = 0;  // Top alternatives to report; 0: none.
+
+  bool is_greedy() const { return temperature == 0.0f; }
+};
+
+struct TokenLogprob {
+  int token_id = 0;
+  float logprob = 0.0f;
+};
+
+struct SampleResult {
+  int token_id = 0;
+  // Log-probability of token_id under the unmodified model distribution
+  // (log_softmax of the raw logits). Computed only when num_logprobs > 0 or asked.
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs;  // Highest first, num_logprobs entries.
+};
+
+// One Sampler per worker thread; it owns scratch buffers sized to the vocabulary.
+class Sampler {
+ public:
+  explicit Sampler(int vocab_size);
+
+  // Samples the next token from `logits` (vocab_size entries; used as scratch, so its
+  // contents are unspecified afterwards). `prompt_tokens` and `output_tokens` are the
+  // sequence so far, for penalties; `draw_index` is the index of this draw in the
+  // sequence's random stream (the number of tokens it generated before this one).
+  SampleResult Sample(std::span<float> logits, const SamplingParams& params,
+                      std::span<const int> prompt_tokens, std::span<const int> output_tokens,
+                      uint64_t draw_index, bool want_logprob);
+
+  int vocab_size() const { return vocab_size_; }
+
+ private:
+  int vocab_size_;
+  std::vector<float> log_softmax_;    // Scratch: raw distribution for logprobs.
+  std::vector<int> candidates_;       // Scratch: token ids sorted by logit.
+  std::vector<float> probs_;          // Scratch.
+  std::vector<int> output_counts_;    // Scratch: occurrences per token in the output.
+  std::vector<uint8_t> seen_;         // Scratch: token appears in prompt or output.
+};
+
+// A uniform number in [0, 1) that depends only on (seed, index).
+double UniformFromCounter(uint64_t seed, uint64_t index);
+
+}  // namespace conveyor::worker

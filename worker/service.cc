@@ -1,0 +1,180 @@
+#include "worker/service.h"
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace conveyor::worker {
+namespace {
+
+constexpr int kDefaultBlockSize = 16;
+constexpr int kMaxBlockSize = 1024;
+constexpr int kDefaultMaxStepTokens = 8192;
+constexpr int kDefaultMaxStepSequences = 256;
+// Without an explicit budget the CPU worker takes this share of available memory.
+constexpr double kDefaultKvShareOfAvailableMemory = 0.3;
+
+// MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
+uint64_t AvailableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+void FillModelInfo(const ModelConfig& c, v1::ModelInfo* info) {
+  info->set_architecture(c.architecture);
+  info->set_vocab_size(c.vocab_size);
+  info->set_hidden_size(c.hidden_size);
+  info->set_num_layers(c.num_layers);
+  info->set_num_attention_heads(c.num_attention_heads);
+  info->set_num_kv_heads(c.num_kv_heads);
+  info->set_head_dim(c.head_dim);
+  info->set_max_context_tokens(c.max_context_tokens);
+  for (int id : c.eos_token_ids) info->add_eos_token_ids(id);
+  info->set_bos_token_id(c.bos_token_id);
+  info->set_num_parameters(c.NumParameters());
+  info->set_compute_dtype("float32");
+}
+
+}  // namespace
+
+WorkerService::WorkerService(const Options& options) : options_(options) {}
+
+WorkerService::~WorkerService() = default;
+
+bool WorkerService::initialized() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return engine_ != nullptr;
+}
+
+absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
+                                       v1::InitResponse* response) {
+  if (engine_ != nullptr) {
+    return absl::FailedPreconditionError("worker is already initialised; restart it to reload");
+  }
+  if (request.model_path().empty()) {
+    return absl::InvalidArgumentError("model_path is empty");
+  }
+  const int world = request.tp_world_size() == 0 ? 1 : request.tp_world_size();
+  if (world < 1 || request.tp_rank() < 0 || request.tp_rank() >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("tp_rank ", request.tp_rank(),
+                                                   " is outside tp_world_size ", world));
+  }
+  if (world > 1) {
+    return absl::UnimplementedError(
+        "tensor parallelism (tp_world_size > 1) is not available in this build");
+  }
+  const int block_size = request.block_size() == 0 ? kDefaultBlockSize : request.block_size();
+  if (block_size < 1 || block_size > kMaxBlockSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_size must be in [1, ", kMaxBlockSize, "], got ", block_size));
+  }
+  if (request.max_step_tokens() < 0 || request.max_step_sequences() < 0) {
+    return absl::InvalidArgumentError("max_step_tokens and max_step_sequences must be >= 0");
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  auto backend = kernels::MakeCpuBackend(options_.num_threads);
+  ASSIGN_OR_RETURN(auto model, LlamaModel::Load(request.model_path(), backend.get()));
+  const ModelConfig& c = model->config();
+  const size_t block_bytes = KvCache::BytesPerBlock(c.num_layers, c.num_kv_heads, c.head_dim,
+                                                    block_size, backend->activation_bytes());
+  uint64_t budget = request.kv_cache_bytes();
+  if (budget == 0) {
+    budget = static_cast<uint64_t>(AvailableMemoryBytes() * kDefaultKvShareOfAvailableMemory);
+  }
+  const uint64_t num_blocks = budget / block_bytes;
+  if (num_blocks > static_cast<uint64_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError("kv_cache_bytes is too large");
+  }
+  ASSIGN_OR_RETURN(auto cache, KvCache::Create(backend.get(), c.num_layers, c.num_kv_heads,
+                                               c.head_dim, block_size,
+                                               static_cast<int>(num_blocks)));
+  StepEngine::Options engine_options;
+  engine_options.max_step_tokens =
+      request.max_step_tokens() == 0 ? kDefaultMaxStepTokens : request.max_step_tokens();
+  engine_options.max_step_sequences = request.max_step_sequences() == 0
+                                          ? kDefaultMaxStepSequences
+                                          : request.max_step_sequences();
+  engine_options.tp_rank = request.tp_rank();
+  const double load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+          .count();
+
+  response->set_num_kv_blocks(cache->num_blocks());
+  response->set_block_size(block_size);
+  FillModelInfo(c, response->mutable_model());
+  response->set_weight_bytes(model->weight_bytes());
+  response->set_kv_cache_bytes(cache->size_bytes());
+  response->set_load_time_ms(load_ms);
+  response->set_backend(backend->name());
+  spdlog::info("loaded {} ({} layers, {} parameters) on {} in {:.0f} ms; KV cache: {} blocks of "
+               "{} tokens ({} MiB)",
+               request.model_path(), c.num_layers, c.NumParameters(), backend->name(), load_ms,
+               cache->num_blocks(), block_size, cache->size_bytes() >> 20);
+
+  engine_ = std::make_unique<StepEngine>(model.get(), cache.get(), engine_options);
+  backend_ = std::move(backend);
+  model_ = std::move(model);
+  cache_ = std::move(cache);
+  return absl::OkStatus();
+}
+
+grpc::Status WorkerService::Init(grpc::ServerContext*, const v1::InitRequest* request,
+                                 v1::InitResponse* response) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Status status = InitLocked(*request, response);
+  if (!status.ok()) spdlog::error("Init failed: {}", status.ToString());
+  return ToGrpcStatus(status);
+}
+
+grpc::Status WorkerService::Step(grpc::ServerContext*, const v1::StepRequest* request,
+                                 v1::StepResponse* response) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (engine_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "worker is not initialised; call Init first");
+  }
+  const absl::Status status = engine_->Step(*request, response);
+  if (!status.ok()) spdlog::warn("step {} rejected: {}", request->step_id(), status.ToString());
+  return ToGrpcStatus(status);
+}
+
+grpc::Status WorkerService::Health(grpc::ServerContext*, const v1::HealthRequest*,
+                                   v1::HealthResponse* response) {
+  std::lock_guard<std::mutex> lock(mu_);
+  response->set_initialized(engine_ != nullptr);
+  if (engine_ != nullptr) {
+    response->set_num_sequences(engine_->num_sequences());
+    response->set_steps_executed(engine_->steps_executed());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
+                                     v1::ShutdownResponse*) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_requested_ = true;
+  }
+  shutdown_cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+void WorkerService::WaitForShutdownRequest() {
+  std::unique_lock<std::mutex> lock(mu_);
+  shutdown_cv_.wait(lock, [&] { return shutdown_requested_; });
+}
+
+}  // namespace conveyor::worker

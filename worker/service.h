@@ -1,0 +1,52 @@
+// The worker's gRPC service (proto/worker.proto): owns the backend, the model shard, the
+// KV cache and the step engine of this rank, created by Init.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "kernels/backend.h"
+#include "worker.grpc.pb.h"
+#include "worker/engine.h"
+#include "worker/kv_cache.h"
+#include "worker/model.h"
+
+namespace conveyor::worker {
+
+class WorkerService final : public v1::Worker::Service {
+ public:
+  struct Options {
+    int num_threads = 0;  // CPU backend threads; 0: one per core.
+  };
+  explicit WorkerService(const Options& options);
+  ~WorkerService() override;
+
+  grpc::Status Init(grpc::ServerContext* context, const v1::InitRequest* request,
+                    v1::InitResponse* response) override;
+  grpc::Status Step(grpc::ServerContext* context, const v1::StepRequest* request,
+                    v1::StepResponse* response) override;
+  grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest* request,
+                      v1::HealthResponse* response) override;
+  grpc::Status Shutdown(grpc::ServerContext* context, const v1::ShutdownRequest* request,
+                        v1::ShutdownResponse* response) override;
+
+  // Blocks until a Shutdown call arrived.
+  void WaitForShutdownRequest();
+  bool initialized() const;
+
+ private:
+  absl::Status InitLocked(const v1::InitRequest& request, v1::InitResponse* response);
+
+  const Options options_;
+  mutable std::mutex mu_;  // Serialises Init and Step; guards everything below.
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<StepEngine> engine_;
+  bool shutdown_requested_ = false;
+  std::condition_variable shutdown_cv_;
+};
+
+}  // namespace conveyor::worker
