@@ -69,8 +69,10 @@ class Backend {
   // Returns `bytes` of backend memory (64-byte aligned), or RESOURCE_EXHAUSTED.
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
+  // Raw copies between host and backend memory (metadata such as token ids).
   virtual void CopyToBackend(void* dst, const void* host_src, size_t bytes) = 0;
-  virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  // Copies `count` activations (compute dtype) to host float32, converting.
+  virtual void CopyActivationsToHost(float* host_dst, const void* src, size_t count) = 0;
   // Blocks until queued work is done (no-op for the CPU).
   virtual void Synchronize() = 0;
 
@@ -80,14 +82,17 @@ class Backend {
                                                                    int out_features,
                                                                    int in_features,
                                                                    const float* bias) = 0;
-  // Copies a float32 host vector/matrix into backend memory in the compute dtype.
-  virtual absl::StatusOr<void*> UploadTensor(const float* host, size_t count) = 0;
+  // Copies a float32 host tensor into backend memory in the compute dtype (embeddings).
+  virtual absl::StatusOr<void*> UploadCompute(const float* host, size_t count) = 0;
+  // Copies a float32 host tensor into backend memory kept as float32 (norm weights, the
+  // RoPE table: small, and precision matters there).
+  virtual absl::StatusOr<void*> UploadF32(const float* host, size_t count) = 0;
 
   // --- Operations (activation pointers in backend memory) ----------------------------
   // out[t, :] = table[ids[t], :] for t < n; ids are in [0, rows) (checked by the caller).
   virtual void Embedding(const void* table, int hidden, const int32_t* ids, int n,
                          void* out) = 0;
-  // out = RMSNorm(x) * weight, per row of [n, hidden].
+  // out = RMSNorm(x) * weight, per row of [n, hidden]; weight is float32.
   virtual void RmsNorm(const void* x, const void* weight, int n, int hidden, float eps,
                        void* out) = 0;
   // residual += x; out = RMSNorm(residual) * weight, per row.
@@ -97,7 +102,7 @@ class Backend {
   virtual void Linear(const void* x, int n, const LinearWeight& weight, void* out) = 0;
   // Rotates q [n, num_heads, head_dim] and k [n, num_kv_heads, head_dim] in place by
   // each token's position (rotate-half convention), with cos/sin rows from `rope_table`
-  // ([max_positions, head_dim / 2] cos then the same of sin). q and k may be strided:
+  // (float32 [max_positions, head_dim / 2] cos, then the same of sin). q and k may be strided:
   // row t starts at base + t * row_stride elements.
   virtual void Rope(void* q, void* k, int n, int row_stride, const int32_t* positions,
                     const void* rope_table, int max_positions, const AttentionShape& shape) = 0;

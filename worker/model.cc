@@ -51,7 +51,54 @@ std::vector<double> InverseFrequencies(const ModelConfig& c) {
   return inv;
 }
 
+class CheckpointSource final : public WeightSource {
+ public:
+  explicit CheckpointSource(std::unique_ptr<Checkpoint> ckpt) : ckpt_(std::move(ckpt)) {}
+  bool Contains(const std::string& name) const override { return ckpt_->Contains(name); }
+  absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
+                       float* out) const override {
+    return ckpt_->ReadF32(name, shape, out);
+  }
+
+ private:
+  std::unique_ptr<Checkpoint> ckpt_;
+};
+
+class RandomSource final : public WeightSource {
+ public:
+  explicit RandomSource(uint64_t seed) : seed_(seed) {}
+  bool Contains(const std::string& name) const override { return name != "lm_head.weight"; }
+  absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
+                       float* out) const override {
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    const bool is_norm = name.find("norm") != std::string::npos;
+    const bool is_bias = name.ends_with(".bias");
+    // Uniform in [-a, a] has variance a²/3; pick a for variance 1/fan_in.
+    const double a = shape.size() == 2 ? std::sqrt(3.0 / shape[1]) : 0.1;
+    uint64_t state = seed_ ^ std::hash<std::string>()(name);
+    for (int64_t i = 0; i < count; ++i) {
+      // splitmix64: cheap and good enough for benchmark weights.
+      state += 0x9E3779B97F4A7C15ull;
+      uint64_t z = state;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      const double u = (z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+      out[i] = static_cast<float>(is_norm ? 1.0 + 0.1 * u : (is_bias ? 0.1 * u : a * u));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  uint64_t seed_;
+};
+
 }  // namespace
+
+std::unique_ptr<WeightSource> MakeRandomWeightSource(uint64_t seed) {
+  return std::make_unique<RandomSource>(seed);
+}
 
 void ForwardBatch::Clear() {
   token_ids.clear();
@@ -67,32 +114,39 @@ void ForwardBatch::Clear() {
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
                                                              kernels::Backend* backend) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
-  std::unique_ptr<LlamaModel> model(new LlamaModel(std::move(config), backend));
-  RETURN_IF_ERROR(model->LoadWeights(model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
+  return Create(config, CheckpointSource(std::move(ckpt)), backend);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
+                                                               const WeightSource& weights,
+                                                               kernels::Backend* backend) {
+  std::unique_ptr<LlamaModel> model(new LlamaModel(config, backend));
+  RETURN_IF_ERROR(model->LoadWeights(weights));
   RETURN_IF_ERROR(model->BuildRopeTable());
   return model;
 }
 
 LlamaModel::~LlamaModel() = default;
 
-absl::Status LlamaModel::LoadWeights(const std::string& model_dir) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
+absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size, vocab = c.vocab_size, ffn = c.intermediate_size;
   const int64_t q_dim = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
 
   std::vector<float> host;
-  // Reads a vector/matrix into backend memory.
-  auto upload = [&](const std::string& name, std::vector<int64_t> shape,
+  // Reads a vector/matrix into backend memory, as float32 or in the compute dtype.
+  auto upload = [&](const std::string& name, std::vector<int64_t> shape, bool keep_f32,
                     BackendBuffer* out) -> absl::Status {
     int64_t count = 1;
     for (int64_t d : shape) count *= d;
     host.resize(count);
-    RETURN_IF_ERROR(ckpt->ReadF32(name, shape, host.data()));
-    ASSIGN_OR_RETURN(void* ptr, backend_->UploadTensor(host.data(), count));
+    RETURN_IF_ERROR(weights.ReadF32(name, shape, host.data()));
+    ASSIGN_OR_RETURN(void* ptr, keep_f32 ? backend_->UploadF32(host.data(), count)
+                                         : backend_->UploadCompute(host.data(), count));
     *out = BackendBuffer(ptr, kernels::BackendDeleter{backend_});
-    weight_bytes_ += count * backend_->activation_bytes();
+    weight_bytes_ += count * (keep_f32 ? sizeof(float) : backend_->activation_bytes());
     return absl::OkStatus();
   };
   // Reads matrices with the same input width stacked along the output dimension, with
@@ -106,9 +160,9 @@ absl::Status LlamaModel::LoadWeights(const std::string& model_dir) {
     bias.assign(with_bias ? out : 0, 0.0f);
     int64_t row = 0;
     for (const auto& [name, rows] : parts) {
-      RETURN_IF_ERROR(ckpt->ReadF32(name + ".weight", {rows, in}, host.data() + row * in));
+      RETURN_IF_ERROR(weights.ReadF32(name + ".weight", {rows, in}, host.data() + row * in));
       if (with_bias) {
-        RETURN_IF_ERROR(ckpt->ReadF32(name + ".bias", {rows}, bias.data() + row));
+        RETURN_IF_ERROR(weights.ReadF32(name + ".bias", {rows}, bias.data() + row));
       }
       row += rows;
     }
@@ -120,13 +174,13 @@ absl::Status LlamaModel::LoadWeights(const std::string& model_dir) {
     return weight;
   };
 
-  RETURN_IF_ERROR(upload("model.embed_tokens.weight", {vocab, hidden}, &embedding_));
+  RETURN_IF_ERROR(upload("model.embed_tokens.weight", {vocab, hidden}, false, &embedding_));
   layers_.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
     Layer& l = layers_[i];
-    RETURN_IF_ERROR(upload(LayerName(i, "input_layernorm.weight"), {hidden}, &l.input_norm));
+    RETURN_IF_ERROR(upload(LayerName(i, "input_layernorm.weight"), {hidden}, true, &l.input_norm));
     RETURN_IF_ERROR(upload(LayerName(i, "post_attention_layernorm.weight"), {hidden},
-                           &l.post_attention_norm));
+                           true, &l.post_attention_norm));
     ASSIGN_OR_RETURN(l.qkv, pack({{LayerName(i, "self_attn.q_proj"), q_dim},
                                   {LayerName(i, "self_attn.k_proj"), kv_dim},
                                   {LayerName(i, "self_attn.v_proj"), kv_dim}},
@@ -137,8 +191,8 @@ absl::Status LlamaModel::LoadWeights(const std::string& model_dir) {
                                      hidden, false));
     ASSIGN_OR_RETURN(l.down, pack({{LayerName(i, "mlp.down_proj"), hidden}}, ffn, false));
   }
-  RETURN_IF_ERROR(upload("model.norm.weight", {hidden}, &final_norm_));
-  const bool tied = c.tie_word_embeddings || !ckpt->Contains("lm_head.weight");
+  RETURN_IF_ERROR(upload("model.norm.weight", {hidden}, true, &final_norm_));
+  const bool tied = c.tie_word_embeddings || !weights.Contains("lm_head.weight");
   ASSIGN_OR_RETURN(lm_head_,
                    pack({{tied ? "model.embed_tokens" : "lm_head", vocab}}, hidden, false));
   return absl::OkStatus();
@@ -157,7 +211,7 @@ absl::Status LlamaModel::BuildRopeTable() {
       sin_part[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
     }
   }
-  ASSIGN_OR_RETURN(void* ptr, backend_->UploadTensor(table.data(), table.size()));
+  ASSIGN_OR_RETURN(void* ptr, backend_->UploadF32(table.data(), table.size()));
   rope_table_ = BackendBuffer(ptr, kernels::BackendDeleter{backend_});
   weight_bytes_ += table.size() * sizeof(float);
   return absl::OkStatus();
@@ -269,7 +323,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache
                c.rms_norm_eps, normed_.get());
   b.GatherRows(normed_.get(), c.hidden_size, logit_rows, rows, final_rows_.get());
   b.Linear(final_rows_.get(), rows, *lm_head_, logits_.get());
-  b.CopyToHost(logits, logits_.get(), static_cast<size_t>(rows) * c.vocab_size * sizeof(float));
+  b.CopyActivationsToHost(logits, logits_.get(), static_cast<size_t>(rows) * c.vocab_size);
   b.Synchronize();
   return absl::OkStatus();
 }

@@ -32,12 +32,31 @@ struct ForwardBatch {
   void Clear();
 };
 
+// Where a model's tensors come from: a checkpoint, or (for benchmarks of shapes we
+// cannot ship) deterministic random values.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual bool Contains(const std::string& name) const = 0;
+  // Writes tensor `name` as float32 into `out`; its shape must be `shape`.
+  virtual absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
+                               float* out) const = 0;
+};
+
+// Random weights with the scales of tests/model_gen (projections ~ U with variance
+// 1/fan_in, norms 1), the same for the same seed and tensor name.
+std::unique_ptr<WeightSource> MakeRandomWeightSource(uint64_t seed);
+
 class LlamaModel {
  public:
   // Loads the checkpoint in `model_dir` onto `backend` (which must outlive the model).
   // Every missing tensor or wrong shape is an error naming the tensor and file.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
                                                           kernels::Backend* backend);
+  // Builds a model of shape `config` from `weights`.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(const ModelConfig& config,
+                                                            const WeightSource& weights,
+                                                            kernels::Backend* backend);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -63,7 +82,7 @@ class LlamaModel {
 
   LlamaModel(ModelConfig config, kernels::Backend* backend)
       : config_(std::move(config)), backend_(backend) {}
-  absl::Status LoadWeights(const std::string& model_dir);
+  absl::Status LoadWeights(const WeightSource& weights);
   absl::Status BuildRopeTable();
   // Grows the activation buffers to hold `num_tokens` tokens and `num_logit_rows` rows.
   absl::Status Reserve(int num_tokens, int num_logit_rows, int metadata_ints);

@@ -90,14 +90,12 @@ size_t SelectPrefix(std::span<int> ids, KeyOf key_of, MeasureOf measure_of, doub
   }
 
   // The group's tokens share one key, hence one measure, and go in id order: the prefix ends at
-  // the `needed`-th lowest id.
-  const size_t group_size = end - begin;
+  // the group's `count`-th lowest id.
   const double needed = std::ceil((target - mass_above) / measure_of(*begin));
-  const size_t count = needed <= 1.0                               ? 1
-                       : needed >= static_cast<double>(group_size) ? group_size
-                                                                   : static_cast<size_t>(needed);
+  const auto count =
+      static_cast<std::ptrdiff_t>(std::clamp(needed, 1.0, static_cast<double>(end - begin)));
   std::nth_element(begin, begin + (count - 1), end);
-  return (begin - ids.begin()) + count;
+  return static_cast<size_t>(begin - ids.begin() + count);
 }
 
 void ComputeLogSoftmax(std::span<const float> logits, std::span<float> log_softmax) {
@@ -179,9 +177,8 @@ int Draw(std::span<const float> logits, float max_logit, const SamplingParams& p
 
   // Weights are unnormalised probabilities, 1 for the most likely token, so the renormalisations
   // reduce to sums. min-p keeps a prefix of the descending order, and so does top-p; keeping both
-  // means keeping the shorter one, so min-p can filter first and shrink what top-p must order. The
-  // same filter drops tokens of probability 0 (-inf logits), which rounding could otherwise let
-  // through.
+  // means keeping the shorter one, so min-p can filter first and shrink what top-p must order.  The
+  // same filter drops tokens of probability 0 (-inf logits), as SelectPrefix requires.
   const float min_weight = std::min(params.min_p, 1.0f);
   double total = 0.0;  // Over the top-k tokens: top-p applies to their renormalised distribution.
   double kept_total = 0.0;

@@ -215,6 +215,7 @@ TEST(SamplerTest, SameSeedAndIndexRepeatExactly) {
   params.seed = 42;
   Sampler first(kVocab);
   std::vector<int> sequence;
+  sequence.reserve(200);
   for (int i = 0; i < 200; ++i) sequence.push_back(DrawToken(first, logits, params, i));
 
   // A second sampler replays the sequence backwards with unrelated calls in between: a draw
@@ -239,6 +240,7 @@ TEST(SamplerTest, DifferentSeedsGiveDifferentSequences) {
     SamplingParams params = Params();
     params.seed = seed;
     std::vector<int> sequence;
+    sequence.reserve(64);
     for (int i = 0; i < 64; ++i) sequence.push_back(DrawToken(sampler, logits, params, i));
     EXPECT_GT(std::set<int>(sequence.begin(), sequence.end()).size(), 20u) << "seed " << seed;
     sequences.insert(sequence);
@@ -321,11 +323,23 @@ INSTANTIATE_TEST_SUITE_P(Filters, SamplerFilterTest,
                            return info.param.name;
                          });
 
+TEST(SamplerTest, TopPCountsTheMassThatMinPDrops) {
+  // Probabilities 0.4, 0.3, 0.2, 0.1. min-p 0.3 drops token 3 (0.1 < 0.12); top-p 0.75 needs
+  // 0.4 + 0.3 + 0.2 of the whole distribution, so token 2 stays. Measuring top-p against the mass
+  // left after min-p (0.9) would stop at 0.7 >= 0.675 and lose token 2.
+  const std::vector<float> logits = {std::log(0.4f), std::log(0.3f), std::log(0.2f),
+                                     std::log(0.1f)};
+  SamplingParams params = Params(1.0f, 0, 0.75f, 0.3f);
+  params.seed = 6;
+  ExpectDistribution(logits, params, {4.0 / 9, 3.0 / 9, 2.0 / 9, 0.0}, 9000);
+}
+
 class SamplerTemperatureTest : public testing::TestWithParam<float> {};
 
 TEST_P(SamplerTemperatureTest, MatchesTheSoftmax) {
   std::vector<float> logits(16);
-  for (int i = 0; i < 16; ++i) logits[i] = 0.25f * ((i * 7) % 16);  // Not monotone in id.
+  for (int i = 0; i < 16; ++i)
+    logits[i] = 0.25f * static_cast<float>((i * 7) % 16);  // Not monotone in id.
   // Explicit "off" values of the filters, which must keep every token.
   SamplingParams params = Params(GetParam(), /*top_k=*/0, /*top_p=*/1.0f, /*min_p=*/0.0f);
   params.seed = 5;
@@ -335,7 +349,7 @@ TEST_P(SamplerTemperatureTest, MatchesTheSoftmax) {
 TEST_P(SamplerTemperatureTest, DistributionCheckRejectsAnotherTemperature) {
   // Guards the test above: draws at this temperature must fail against a nearby one.
   std::vector<float> logits(16);
-  for (int i = 0; i < 16; ++i) logits[i] = 0.25f * ((i * 7) % 16);
+  for (int i = 0; i < 16; ++i) logits[i] = 0.25f * static_cast<float>((i * 7) % 16);
   SamplingParams params = Params(GetParam());
   params.seed = 5;
   Sampler sampler(16);
@@ -351,24 +365,25 @@ INSTANTIATE_TEST_SUITE_P(Temperatures, SamplerTemperatureTest, testing::Values(1
 
 TEST(SamplerTest, LargeVocabularyMatchesTheSoftmax) {
   // A realistic vocabulary size, with a head of likely tokens at scattered ids over a long tail,
-  // so that the selection runs many halving steps.
+  // so that the selection runs several rounds.
   constexpr int kVocab = 128256;
+  constexpr int kHead = 10;
   std::vector<float> logits = RandomLogits(kVocab, 3);
-  for (int i = 0; i < 10; ++i) logits[(i * 12821 + 17) % kVocab] = 10.0f + 0.3f * i;
+  // Bins: the head tokens, then the tail pooled by the ChiSquare helper.
+  std::vector<int> bin_of(kVocab, kHead);
+  for (int i = 0; i < kHead; ++i) {
+    const int token = (i * 12821 + 17) % kVocab;
+    logits[token] = 10.0f + 0.3f * static_cast<float>(i);
+    bin_of[token] = i;
+  }
   const std::vector<double> probs = ReferenceProbs(logits, Params());
-
-  // Bins: the ten head tokens, then the tail pooled by the ChiSquare helper.
-  std::vector<int> head_ids;
-  for (int i = 0; i < 10; ++i) head_ids.push_back((i * 12821 + 17) % kVocab);
-  std::vector<double> bin_probs(11, 0.0);
-  std::vector<int> bin_of(kVocab, 10);
-  for (int i = 0; i < 10; ++i) bin_of[head_ids[i]] = i;
+  std::vector<double> bin_probs(kHead + 1, 0.0);
   for (int token = 0; token < kVocab; ++token) bin_probs[bin_of[token]] += probs[token];
 
   Sampler sampler(kVocab);
   SamplingParams params = Params();
   params.seed = 11;
-  std::vector<int> counts(11, 0);
+  std::vector<int> counts(kHead + 1, 0);
   for (int i = 0; i < 1000; ++i) ++counts[bin_of[DrawToken(sampler, logits, params, i)]];
   int df = 0;
   const double statistic = ChiSquare(counts, bin_probs, &df);

@@ -75,8 +75,8 @@ class CpuBackend final : public Backend {
   void CopyToBackend(void* dst, const void* src, size_t bytes) override {
     std::memcpy(dst, src, bytes);
   }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
+  void CopyActivationsToHost(float* dst, const void* src, size_t count) override {
+    std::memcpy(dst, src, count * sizeof(float));
   }
   void Synchronize() override {}
 
@@ -95,7 +95,11 @@ class CpuBackend final : public Backend {
     return std::make_unique<CpuLinearWeight>(out, in, packed, bias_copy);
   }
 
-  absl::StatusOr<void*> UploadTensor(const float* host, size_t count) override {
+  // Compute dtype is float32, so both uploads are plain copies.
+  absl::StatusOr<void*> UploadCompute(const float* host, size_t count) override {
+    return UploadF32(host, count);
+  }
+  absl::StatusOr<void*> UploadF32(const float* host, size_t count) override {
     auto mem = Allocate(count * sizeof(float));
     if (!mem.ok()) return mem.status();
     std::memcpy(*mem, host, count * sizeof(float));
