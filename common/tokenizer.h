@@ -1,4 +1,8 @@
 // Text <-> token ids through a sentencepiece model (`tokenizer.model`).
+//
+// sentencepiece is reached through a small shared library loaded in isolation
+// (sentencepiece_shim.cc explains why). It is looked up at $CONVEYOR_SPM_SHIM, next to
+// the running executable, in the build tree, then on the library path.
 #pragma once
 
 #include <memory>
@@ -7,10 +11,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
 
 namespace conveyor {
 
@@ -33,9 +33,13 @@ class Tokenizer {
   int bos_id() const;
   int eos_id() const;
 
+  struct Shim;  // The shim's entry points (tokenizer.cc).
+
  private:
-  Tokenizer() = default;
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  Tokenizer(const Shim* shim, void* handle) : shim_(shim), handle_(handle) {}
+
+  const Shim* shim_;
+  void* handle_;  // The shim's processor.
 };
 
 }  // namespace conveyor

@@ -83,9 +83,15 @@ absl::Status StepEngine::Validate(const v1::StepRequest& request,
   const ModelConfig& config = model_->config();
   const int block_size = cache_->block_size();
   std::unordered_set<uint64_t> dropped;
-  for (uint64_t id : request.dropped_seq_ids()) {
-    if (!sequences_.contains(id)) return Invalid(id, "dropped_seq_ids names an unknown sequence");
-    if (!dropped.insert(id).second) return Invalid(id, "dropped twice in one step");
+  if (request.reset()) {
+    for (const auto& [id, seq] : sequences_) dropped.insert(id);
+  } else {
+    for (uint64_t id : request.dropped_seq_ids()) {
+      if (!sequences_.contains(id)) {
+        return Invalid(id, "dropped_seq_ids names an unknown sequence");
+      }
+      if (!dropped.insert(id).second) return Invalid(id, "dropped twice in one step");
+    }
   }
   std::unordered_set<uint64_t> seen;
   int64_t total_tokens = 0;
@@ -141,10 +147,13 @@ absl::Status StepEngine::Validate(const v1::StepRequest& request,
     if (n.num_output_tokens() < 0 || n.num_output_tokens() >= n.token_ids_size()) {
       return Invalid(id, "num_output_tokens must be in [0, len(token_ids))");
     }
+    if (n.num_cached_tokens() < 0 || n.num_cached_tokens() >= n.token_ids_size()) {
+      return Invalid(id, "num_cached_tokens must be in [0, len(token_ids))");
+    }
     RETURN_IF_ERROR(ValidateSampling(n.sampling(), options_.max_logprobs, id));
     RETURN_IF_ERROR(ValidateBlocks(n.block_ids(), "block_ids", id));
-    RETURN_IF_ERROR(check_capacity(id, 0, n.num_tokens(), n.token_ids_size(),
-                                   n.block_ids_size()));
+    RETURN_IF_ERROR(check_capacity(id, n.num_cached_tokens(), n.num_tokens(),
+                                   n.token_ids_size(), n.block_ids_size()));
     scheduled->push_back({id, &n, nullptr, n.num_tokens()});
   }
   if (total_tokens > options_.max_step_tokens) {
@@ -196,12 +205,17 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
   RETURN_IF_ERROR(Validate(request, &scheduled));
 
   // Apply the deltas; from here on the step cannot be rejected.
-  for (uint64_t id : request.dropped_seq_ids()) sequences_.erase(id);
+  if (request.reset()) {
+    sequences_.clear();
+  } else {
+    for (uint64_t id : request.dropped_seq_ids()) sequences_.erase(id);
+  }
   for (const Scheduled& s : scheduled) {
     if (s.new_seq != nullptr) {
       Sequence seq;
       seq.tokens.assign(s.new_seq->token_ids().begin(), s.new_seq->token_ids().end());
       seq.num_prompt_tokens = s.new_seq->token_ids_size() - s.new_seq->num_output_tokens();
+      seq.num_computed = s.new_seq->num_cached_tokens();
       seq.block_table.assign(s.new_seq->block_ids().begin(), s.new_seq->block_ids().end());
       seq.sampling = FromProto(s.new_seq->sampling());
       sequences_[s.seq_id] = std::move(seq);

@@ -544,7 +544,7 @@ TEST(SamplerTest, LogprobsAreLogSoftmaxOfRawLogits) {
   }
 }
 
-TEST(SamplerTest, LogprobIgnoresPenaltiesAndTemperature) {
+TEST(SamplerTest, LogprobIgnoresPenalties) {
   Sampler sampler(2);
   std::vector<float> logits = {3.0f, 2.0f};
   const std::vector<double> expected = LogSoftmax(logits);

@@ -1,5 +1,6 @@
 #include "worker/service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -17,8 +18,10 @@ constexpr int kDefaultBlockSize = 16;
 constexpr int kMaxBlockSize = 1024;
 constexpr int kDefaultMaxStepTokens = 8192;
 constexpr int kDefaultMaxStepSequences = 256;
-// Without an explicit budget the CPU worker takes this share of available memory.
+// Without an explicit budget the CPU worker takes this share of available memory, up
+// to a cap (a CPU worker rarely profits from more).
 constexpr double kDefaultKvShareOfAvailableMemory = 0.3;
+constexpr uint64_t kDefaultKvCapBytes = 4ull << 30;
 
 // MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
 uint64_t AvailableMemoryBytes() {
@@ -92,7 +95,8 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
                                                     block_size, backend->activation_bytes());
   uint64_t budget = request.kv_cache_bytes();
   if (budget == 0) {
-    budget = static_cast<uint64_t>(AvailableMemoryBytes() * kDefaultKvShareOfAvailableMemory);
+    budget = std::min(kDefaultKvCapBytes, static_cast<uint64_t>(AvailableMemoryBytes() *
+                                                                 kDefaultKvShareOfAvailableMemory));
   }
   const uint64_t num_blocks = budget / block_bytes;
   if (num_blocks > static_cast<uint64_t>(INT32_MAX)) {

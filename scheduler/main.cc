@@ -1,0 +1,227 @@
+// conveyor-scheduler: the process clients talk to. It initialises the worker ranks of one
+// model replica, then runs the batching loop and serves the streaming Generate API,
+// gRPC health and reflection, and Prometheus metrics.
+#include <csignal>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "scheduler/api_service.h"
+#include "scheduler/engine.h"
+#include "scheduler/metrics.h"
+#include "scheduler/policy.h"
+#include "scheduler/worker_group.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the client API (0.0.0.0: all).");
+ABSL_FLAG(int, port, 50051, "Port for the client API (gRPC); 0 picks a free one.");
+ABSL_FLAG(int, metrics_port, 9400, "Port for Prometheus metrics (/metrics); 0 disables.");
+ABSL_FLAG(std::string, model, "", "Model directory (Hugging Face layout) the workers load.");
+ABSL_FLAG(std::string, workers, "127.0.0.1:50061",
+          "Comma-separated host:port of the worker ranks, rank 0 first.");
+ABSL_FLAG(std::string, policy, "continuous", "Batching policy: continuous, static or dynamic.");
+ABSL_FLAG(int, max_num_seqs, 64, "Most sequences in one step (and in a static/dynamic batch).");
+ABSL_FLAG(int, max_step_tokens, 2048, "Token budget of one step (prefill chunks + decodes).");
+ABSL_FLAG(int, block_size, 16, "Tokens per KV-cache block.");
+ABSL_FLAG(uint64_t, kv_cache_bytes, 0,
+          "KV-cache bytes per worker rank; 0 lets each worker size it from its free memory.");
+ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse the KV of repeated prompt prefixes.");
+ABSL_FLAG(int, max_queue, 1024,
+          "Requests waiting for admission before new ones get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, default_max_new_tokens, 256, "max_new_tokens when a request leaves it unset.");
+ABSL_FLAG(int, batch_size, 8, "static: requests per batch.");
+ABSL_FLAG(double, batch_timeout_ms, 100, "static: longest wait for a full batch.");
+ABSL_FLAG(double, batch_window_ms, 10, "dynamic: collection window after the first arrival.");
+ABSL_FLAG(double, drain_timeout_s, 30,
+          "On SIGTERM: how long in-flight requests may finish before they are ended.");
+ABSL_FLAG(double, worker_init_timeout_s, 600, "How long to wait for the workers to initialise.");
+ABSL_FLAG(double, step_timeout_s, 60, "A step the workers do not answer in time fails.");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
+
+namespace {
+
+using conveyor::scheduler::Engine;
+using conveyor::scheduler::WorkerGroup;
+namespace v1 = conveyor::v1;
+
+// Blocks SIGINT/SIGTERM in every thread and returns the set, for sigwait.
+sigset_t BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves streaming text generation over gRPC, batching requests onto model workers.\n"
+      "Usage: conveyor-scheduler --model=DIR --workers=HOST:PORT[,HOST:PORT...] [flags]");
+  absl::ParseCommandLine(argc, argv);
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  const sigset_t signals = BlockTerminationSignals();
+
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) {
+    spdlog::error("--model is required (the model directory the workers load)");
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<conveyor::Tokenizer>> tokenizer =
+      conveyor::Tokenizer::Load(model_dir);
+  if (!tokenizer.ok()) {
+    spdlog::error("cannot load the tokenizer: {}", tokenizer.status().ToString());
+    return 2;
+  }
+  conveyor::scheduler::PolicyOptions policy_options;
+  policy_options.name = absl::GetFlag(FLAGS_policy);
+  policy_options.limits.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  policy_options.limits.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
+  policy_options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  policy_options.batch_timeout_ms = absl::GetFlag(FLAGS_batch_timeout_ms);
+  policy_options.batch_window_ms = absl::GetFlag(FLAGS_batch_window_ms);
+  auto policy = conveyor::scheduler::MakePolicy(policy_options);
+  if (!policy.ok()) {
+    spdlog::error("{}", policy.status().ToString());
+    return 2;
+  }
+
+  const std::string model_name = std::filesystem::path(model_dir).filename().string();
+  auto registry = std::make_shared<prometheus::Registry>();
+  conveyor::scheduler::SchedulerMetrics metrics(*registry, model_name, absl::GetFlag(FLAGS_policy));
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (absl::GetFlag(FLAGS_metrics_port) != 0) {
+    const std::string address =
+        absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_metrics_port));
+    exposer = std::make_unique<prometheus::Exposer>(address);
+    exposer->RegisterCollectable(registry);
+    spdlog::info("metrics on http://{}/metrics", address);
+  }
+
+  // Serve health (NOT_SERVING until the workers are ready) from the start.
+  conveyor::scheduler::ApiService api(tokenizer->get(), v1::ModelInfoResponse(), &metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string address =
+      absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&api);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("cannot listen on {}", address);
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  std::printf("conveyor-scheduler listening on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(), port);
+  std::fflush(stdout);
+  spdlog::info("conveyor-scheduler listening on {}:{} (policy {}, model {})",
+               absl::GetFlag(FLAGS_host), port, absl::GetFlag(FLAGS_policy), model_dir);
+
+  WorkerGroup::Options worker_options;
+  worker_options.addresses =
+      absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace());
+  worker_options.model_path = model_dir;
+  worker_options.block_size = absl::GetFlag(FLAGS_block_size);
+  worker_options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  worker_options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
+  worker_options.max_step_sequences = absl::GetFlag(FLAGS_max_num_seqs);
+  worker_options.step_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_step_timeout_s) * 1000));
+  WorkerGroup workers(worker_options);
+
+  // Workers come up in their own time; a signal during the wait still stops us cleanly.
+  std::atomic<bool> stop_requested{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("received signal {}: draining", sig);
+    stop_requested = true;
+  });
+  signal_thread.detach();
+
+  const auto init_deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                             absl::GetFlag(FLAGS_worker_init_timeout_s) * 1000));
+  absl::StatusOr<WorkerGroup::Info> info = workers.Initialize(init_deadline);
+  if (!info.ok()) {
+    spdlog::error("the workers did not initialise: {}", info.status().ToString());
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    return 1;
+  }
+  const v1::ModelInfoResponse model_info = [&] {
+    v1::ModelInfoResponse m;
+    m.set_model(model_name);
+    m.set_architecture(info->model.architecture());
+    m.set_vocab_size(info->model.vocab_size());
+    m.set_max_context_tokens(info->model.max_context_tokens());
+    m.set_num_layers(info->model.num_layers());
+    m.set_num_parameters(info->model.num_parameters());
+    m.set_tensor_parallel_size(workers.world_size());
+    m.set_policy(absl::GetFlag(FLAGS_policy));
+    m.set_kv_block_size(info->block_size);
+    m.set_num_kv_blocks(info->num_kv_blocks);
+    m.set_max_num_seqs(absl::GetFlag(FLAGS_max_num_seqs));
+    m.set_default_max_new_tokens(absl::GetFlag(FLAGS_default_max_new_tokens));
+    return m;
+  }();
+
+  Engine::Options engine_options;
+  engine_options.num_kv_blocks = info->num_kv_blocks;
+  engine_options.block_size = info->block_size;
+  engine_options.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  engine_options.max_queue = absl::GetFlag(FLAGS_max_queue);
+  engine_options.max_context_tokens = info->model.max_context_tokens();
+  Engine engine(engine_options, std::move(*policy), &workers, tokenizer->get(), &metrics);
+  engine.Start();
+
+  conveyor::scheduler::ServingLimits limits;
+  limits.vocab_size = info->model.vocab_size();
+  limits.max_context_tokens = info->model.max_context_tokens();
+  limits.kv_capacity_tokens = info->num_kv_blocks * info->block_size;
+  limits.eos_token_ids.assign(info->model.eos_token_ids().begin(),
+                              info->model.eos_token_ids().end());
+  limits.bos_token_id = info->model.bos_token_id();
+  limits.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);
+  api.SetEngine(&engine, limits, model_info);
+  health->SetServingStatus(true);
+  metrics.SetWorkersReady(workers.world_size());
+  spdlog::info(
+      "ready: {} ({} parameters) on {} worker rank(s) [{}]; KV cache {} blocks x {} "
+      "tokens; policy {}; max_num_seqs {}; max_step_tokens {}",
+      model_name, info->model.num_parameters(), workers.world_size(), info->backend,
+      info->num_kv_blocks, info->block_size, absl::GetFlag(FLAGS_policy),
+      absl::GetFlag(FLAGS_max_num_seqs), absl::GetFlag(FLAGS_max_step_tokens));
+
+  while (!stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+
+  // Drain: refuse new calls, let in-flight ones finish, then end what is left.
+  health->SetServingStatus(false);
+  engine.StartDrain();
+  const auto drain_deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_drain_timeout_s) * 1000));
+  while (engine.num_live_requests() > 0 && std::chrono::steady_clock::now() < drain_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int left = engine.num_live_requests();
+  if (left > 0) spdlog::warn("drain timeout: ending {} unfinished request(s)", left);
+  engine.Stop(absl::UnavailableError("the server shut down before the request finished"));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  spdlog::info("conveyor-scheduler stopped");
+  return 0;
+}

@@ -1,0 +1,135 @@
+#include "scheduler/metrics.h"
+
+#include <cctype>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+using prometheus::Histogram;
+
+// Latency buckets from 1 ms to 2 min, roughly ×2 apart.
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3,
+          0.6,   1.2,    2.5,   5,    10,   20,   40,   80,   120};
+}
+
+Histogram::BucketBoundaries TokenBuckets() {
+  return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+}
+
+std::string CodeLabel(absl::StatusCode code) {
+  std::string name = absl::StatusCodeToString(code);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+}  // namespace
+
+SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::string& model,
+                                   const std::string& policy)
+    : model_(model), policy_(policy) {
+  const prometheus::Labels labels{{"model", model}, {"policy", policy}};
+  auto histogram = [&](const char* name, const char* help, Histogram::BucketBoundaries b) {
+    return &prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(labels, b);
+  };
+  auto gauge = [&](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(labels);
+  };
+  auto counter = [&](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
+  };
+  ttft_ = histogram("conveyor_time_to_first_token_seconds",
+                    "Time from a request's arrival to its first streamed token.", LatencyBuckets());
+  itl_ = histogram("conveyor_inter_token_latency_seconds",
+                   "Gap between consecutive tokens of one request.", LatencyBuckets());
+  e2e_ = histogram("conveyor_e2e_request_latency_seconds",
+                   "Time from a request's arrival to its final message.", LatencyBuckets());
+  queue_time_ =
+      histogram("conveyor_request_queue_time_seconds",
+                "Time from a request's arrival to its first scheduling.", LatencyBuckets());
+  prompt_tokens_hist_ = histogram("conveyor_request_prompt_tokens",
+                                  "Prompt length of finished requests.", TokenBuckets());
+  generated_tokens_hist_ = histogram("conveyor_request_generated_tokens",
+                                     "Tokens generated per finished request.", TokenBuckets());
+  step_duration_ = histogram("conveyor_step_duration_seconds",
+                             "One scheduler iteration: planning, worker round trip, streaming.",
+                             LatencyBuckets());
+  step_tokens_ = histogram("conveyor_step_tokens", "Tokens computed per step.", TokenBuckets());
+  running_ = gauge("conveyor_requests_running", "Requests holding KV blocks.");
+  waiting_ = gauge("conveyor_requests_waiting", "Requests queued for admission.");
+  kv_used_ = gauge("conveyor_kv_blocks_used", "KV blocks referenced by live requests.");
+  kv_total_ = gauge("conveyor_kv_blocks_total", "KV blocks the workers hold.");
+  workers_ready_ = gauge("conveyor_workers_ready", "Worker ranks initialised and answering.");
+  prompt_tokens_ = counter("conveyor_prompt_tokens_total", "Prompt tokens of admitted requests.");
+  prefill_tokens_ = counter("conveyor_prefill_tokens_total",
+                            "Prompt tokens computed (prefix-cache hits excluded).");
+  generated_tokens_ = counter("conveyor_generated_tokens_total", "Tokens streamed to clients.");
+  preemptions_ =
+      counter("conveyor_preemptions_total", "Requests preempted (KV freed, recomputed later).");
+  prefix_queries_ = counter("conveyor_prefix_cache_queries_total",
+                            "Full prompt blocks looked up in the prefix cache.");
+  prefix_hits_ =
+      counter("conveyor_prefix_cache_hits_total", "Full prompt blocks found in the prefix cache.");
+  slot_steps_ = counter("conveyor_batch_slot_steps_total", "Batch slots times steps run.");
+  finished_ = &prometheus::BuildCounter()
+                   .Name("conveyor_requests_finished_total")
+                   .Help("Requests finished, by reason.")
+                   .Register(registry);
+  rejected_ = &prometheus::BuildCounter()
+                   .Name("conveyor_requests_rejected_total")
+                   .Help("Requests refused before admission, by status code.")
+                   .Register(registry);
+  wasted_slot_steps_ = counter("conveyor_batch_slot_steps_wasted_total",
+                               "Batch slot-steps held by members whose answer was complete.");
+}
+
+void SchedulerMetrics::ObserveFirstToken(double s) { ttft_->Observe(s); }
+void SchedulerMetrics::ObserveInterToken(double s) { itl_->Observe(s); }
+void SchedulerMetrics::ObserveQueueTime(double s) { queue_time_->Observe(s); }
+
+void SchedulerMetrics::ObserveFinished(std::string_view reason, double e2e_s, int prompt_tokens,
+                                       int generated_tokens) {
+  e2e_->Observe(e2e_s);
+  prompt_tokens_hist_->Observe(prompt_tokens);
+  generated_tokens_hist_->Observe(generated_tokens);
+  finished_->Add({{"model", model_}, {"policy", policy_}, {"reason", std::string(reason)}})
+      .Increment();
+}
+
+void SchedulerMetrics::ObserveStep(double duration_s, int tokens, int batch_slots,
+                                   int wasted_slots) {
+  step_duration_->Observe(duration_s);
+  step_tokens_->Observe(tokens);
+  slot_steps_->Increment(batch_slots);
+  wasted_slot_steps_->Increment(wasted_slots);
+}
+
+void SchedulerMetrics::AddPromptTokens(int n) { prompt_tokens_->Increment(n); }
+void SchedulerMetrics::AddPrefillTokens(int n) { prefill_tokens_->Increment(n); }
+void SchedulerMetrics::AddGeneratedTokens(int n) { generated_tokens_->Increment(n); }
+void SchedulerMetrics::AddPreemptions(int n) { preemptions_->Increment(n); }
+
+void SchedulerMetrics::AddPrefixCacheLookups(uint64_t queries, uint64_t hits) {
+  prefix_queries_->Increment(static_cast<double>(queries));
+  prefix_hits_->Increment(static_cast<double>(hits));
+}
+
+void SchedulerMetrics::CountRejected(absl::StatusCode code) {
+  rejected_->Add({{"model", model_}, {"policy", policy_}, {"code", CodeLabel(code)}}).Increment();
+}
+
+void SchedulerMetrics::SetPool(int running, int waiting, int kv_used, int kv_total) {
+  running_->Set(running);
+  waiting_->Set(waiting);
+  kv_used_->Set(kv_used);
+  kv_total_->Set(kv_total);
+}
+
+void SchedulerMetrics::SetWorkersReady(int ready) { workers_ready_->Set(ready); }
+
+}  // namespace conveyor::scheduler

@@ -1,0 +1,71 @@
+// The scheduler's Prometheus metrics (names and meanings: docs/metrics.md). Every series
+// carries the constant labels model and policy; the only other labels are closed sets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace prometheus {
+template <typename T>
+class Family;
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+}  // namespace prometheus
+
+namespace conveyor::scheduler {
+
+class SchedulerMetrics {
+ public:
+  SchedulerMetrics(prometheus::Registry& registry, const std::string& model,
+                   const std::string& policy);
+
+  void ObserveFirstToken(double time_to_first_token_s);
+  void ObserveInterToken(double gap_s);
+  void ObserveQueueTime(double queue_s);
+  // reason: length, eos, stop, cancelled, deadline or error.
+  void ObserveFinished(std::string_view reason, double e2e_s, int prompt_tokens,
+                       int generated_tokens);
+  void ObserveStep(double duration_s, int tokens, int batch_slots, int wasted_slots);
+  void AddPromptTokens(int n);
+  void AddPrefillTokens(int n);
+  void AddGeneratedTokens(int n);
+  void AddPreemptions(int n);
+  void AddPrefixCacheLookups(uint64_t queries, uint64_t hits);
+  void CountRejected(absl::StatusCode code);
+  void SetPool(int running, int waiting, int kv_blocks_used, int kv_blocks_total);
+  void SetWorkersReady(int ready);
+
+ private:
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* itl_;
+  prometheus::Histogram* e2e_;
+  prometheus::Histogram* queue_time_;
+  prometheus::Histogram* prompt_tokens_hist_;
+  prometheus::Histogram* generated_tokens_hist_;
+  prometheus::Histogram* step_duration_;
+  prometheus::Histogram* step_tokens_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Gauge* kv_used_;
+  prometheus::Gauge* kv_total_;
+  prometheus::Gauge* workers_ready_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* prefill_tokens_;
+  prometheus::Counter* generated_tokens_;
+  prometheus::Counter* preemptions_;
+  prometheus::Counter* prefix_queries_;
+  prometheus::Counter* prefix_hits_;
+  prometheus::Counter* slot_steps_;
+  prometheus::Counter* wasted_slot_steps_;
+  prometheus::Family<prometheus::Counter>* finished_;
+  prometheus::Family<prometheus::Counter>* rejected_;
+  std::string model_;
+  std::string policy_;
+};
+
+}  // namespace conveyor::scheduler

@@ -1,0 +1,78 @@
+// Batching policies: each iteration, a policy decides which requests run and how many
+// tokens each computes (a StepPlan), admitting, preempting or holding requests in the
+// pool. One class per policy, chosen once from the configuration.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/request_pool.h"
+
+namespace conveyor::scheduler {
+
+struct ScheduledSequence {
+  Request* request = nullptr;
+  int num_tokens = 0;  // Tokens to compute this step (a prefill chunk, or 1 to decode).
+};
+
+struct StepPlan {
+  std::vector<ScheduledSequence> sequences;
+  // Requests preempted while planning (the engine tells the workers to drop them).
+  std::vector<Request*> preempted;
+  // Done requests the policy no longer keeps (a finished batch's padding): the engine
+  // retires them.
+  std::vector<Request*> released;
+  // Batch slots this step occupies and, of those, slots held by requests whose answer
+  // is already complete (run-to-completion padding: the bubble).
+  int batch_slots = 0;
+  int wasted_slots = 0;
+
+  bool empty() const { return sequences.empty(); }
+  int num_tokens() const;
+};
+
+struct PolicyLimits {
+  int max_num_seqs = 64;       // Sequences in one step.
+  int max_step_tokens = 2048;  // Tokens in one step (the budget).
+};
+
+class BatchPolicy {
+ public:
+  virtual ~BatchPolicy() = default;
+  virtual const char* name() const = 0;
+
+  // Plans the next step. May admit waiting requests and preempt running ones.
+  virtual StepPlan Plan(RequestPool& pool, Clock::time_point now) = 0;
+
+  // Called when a request's answer is complete. Returns true if the policy keeps it in
+  // the running batch (as padding, until the batch ends), false if it can go.
+  virtual bool KeepAfterDone(Request* r) { return false; }
+
+  // The engine retires `r` (failed, or released by the policy): forget any reference.
+  virtual void Forget(Request* r) {}
+
+  // When the policy wants to plan again even if nothing arrives (e.g. a batch timeout);
+  // nullopt if only an arrival can change its mind.
+  virtual std::optional<Clock::time_point> NextWakeup(const RequestPool& pool) const {
+    return std::nullopt;
+  }
+
+  // KV blocks a request must be able to hold for this policy to ever run it.
+  virtual int RequiredBlocks(const Request& r, int block_size) const;
+};
+
+struct PolicyOptions {
+  std::string name = "continuous";  // continuous, static or dynamic.
+  PolicyLimits limits;
+  int batch_size = 8;             // static: requests per batch.
+  double batch_timeout_ms = 100;  // static: longest wait for a full batch.
+  double batch_window_ms = 10;    // dynamic: collection window after the first arrival.
+};
+
+absl::StatusOr<std::unique_ptr<BatchPolicy>> MakePolicy(const PolicyOptions& options);
+
+}  // namespace conveyor::scheduler

@@ -1,0 +1,78 @@
+// One generation request as the scheduler sees it: what the client asked for, the
+// tokens so far, where its KV lives, and its timings. Owned and touched only by the
+// scheduler loop's thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "conveyor.pb.h"
+#include "scheduler/block_manager.h"
+#include "scheduler/detokenizer.h"
+#include "scheduler/stop_matcher.h"
+#include "worker.pb.h"
+
+namespace conveyor::scheduler {
+
+using Clock = std::chrono::steady_clock;
+
+// Where a request's stream goes (the gRPC layer; tests record). Called on the
+// scheduler loop's thread; implementations must not block.
+class ResponseSink {
+ public:
+  virtual ~ResponseSink() = default;
+  virtual void Send(v1::GenerateResponse message) = 0;
+  // The last call: OK after the final message, or the error that ended the request.
+  virtual void Finish(const absl::Status& status) = 0;
+};
+
+struct Request {
+  // Assigned by the engine; also the sequence id on the workers.
+  uint64_t id = 0;
+  std::string request_id;  // The client's (or a generated) name, echoed back.
+
+  // The prompt followed by the generated tokens.
+  std::vector<int32_t> tokens;
+  int num_prompt_tokens = 0;
+
+  worker::v1::SamplingParams sampling;
+  int max_new_tokens = 0;
+  // Token ids that end generation with reason EOS / STOP.
+  std::vector<int32_t> eos_token_ids;
+  std::vector<int32_t> stop_token_ids;
+  int num_logprobs = 0;
+  int priority = 0;
+
+  Clock::time_point arrival;
+  Clock::time_point deadline = Clock::time_point::max();
+  Clock::time_point first_scheduled;
+  Clock::time_point first_token;
+  Clock::time_point last_token;
+
+  std::shared_ptr<ResponseSink> sink;
+  std::unique_ptr<IncrementalDetokenizer> detokenizer;
+  std::unique_ptr<StopMatcher> stop_matcher;
+
+  // Scheduling state.
+  BlockTable blocks;
+  int num_computed = 0;          // Tokens whose K/V the workers hold.
+  bool on_worker = false;        // The workers hold this sequence.
+  int num_blocks_on_worker = 0;  // Leading entries of blocks the workers know.
+  bool scheduled_once = false;
+  int num_cached_prompt_tokens = 0;
+  int preemptions = 0;
+  // The client's answer is complete (finished, cancelled or failed). A run-to-completion
+  // policy may keep such a request in its batch as padding until the batch ends.
+  bool done = false;
+
+  int num_tokens() const { return static_cast<int>(tokens.size()); }
+  int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  // Tokens known to the scheduler whose K/V are not computed yet.
+  int num_uncomputed() const { return num_tokens() - num_computed; }
+};
+
+}  // namespace conveyor::scheduler

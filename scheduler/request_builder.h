@@ -1,0 +1,35 @@
+// Turns a client's GenerateRequest into a scheduler Request, checking every field
+// against the model and the server's limits. Each rejection is INVALID_ARGUMENT with a
+// message that names the field and the allowed range.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tokenizer.h"
+#include "conveyor.pb.h"
+#include "scheduler/request.h"
+
+namespace conveyor::scheduler {
+
+struct ServingLimits {
+  int vocab_size = 0;
+  int max_context_tokens = 0;
+  // Tokens the KV cache can hold for one sequence (all blocks).
+  int kv_capacity_tokens = 0;
+  std::vector<int32_t> eos_token_ids;
+  int bos_token_id = -1;
+  int default_max_new_tokens = 256;
+  int max_stop_strings = 16;
+  int max_stop_string_bytes = 256;
+  int max_logprobs = 20;
+};
+
+// Validates `proto` and builds the request (tokens, sampling, stopping). Does not set
+// id, arrival, deadline or sink.
+absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest& proto,
+                                                      const ServingLimits& limits,
+                                                      const Tokenizer& tokenizer);
+
+}  // namespace conveyor::scheduler

@@ -1,0 +1,43 @@
+#include "scheduler/request_pool.h"
+
+#include <algorithm>
+
+namespace conveyor::scheduler {
+
+bool RequestPool::RunsBefore(const Request* a, const Request* b) {
+  if (a->priority != b->priority) return a->priority > b->priority;
+  if (a->arrival != b->arrival) return a->arrival < b->arrival;
+  return a->id < b->id;
+}
+
+void RequestPool::AddWaiting(Request* r) {
+  auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](const Request* w) { return RunsBefore(r, w); });
+  waiting_.insert(it, r);
+}
+
+void RequestPool::AdmitFront() {
+  Request* r = waiting_.front();
+  waiting_.pop_front();
+  running_.insert(std::upper_bound(running_.begin(), running_.end(), r, RunsBefore), r);
+}
+
+void RequestPool::Preempt(Request* r) {
+  running_.erase(std::find(running_.begin(), running_.end(), r));
+  r->blocks.Release();
+  r->num_computed = 0;
+  r->num_blocks_on_worker = 0;
+  ++r->preemptions;
+  AddWaiting(r);
+}
+
+void RequestPool::Remove(Request* r) {
+  if (auto it = std::find(running_.begin(), running_.end(), r); it != running_.end()) {
+    running_.erase(it);
+  } else {
+    waiting_.remove(r);
+  }
+  r->blocks.Release();
+}
+
+}  // namespace conveyor::scheduler

@@ -1,0 +1,82 @@
+#include "scheduler/run_to_completion_policy.h"
+
+#include <algorithm>
+
+namespace conveyor::scheduler {
+namespace {
+
+// The earliest arrival among the waiting (they are in priority order, not arrival).
+Clock::time_point OldestArrival(const RequestPool& pool) {
+  Clock::time_point oldest = Clock::time_point::max();
+  for (const Request* r : pool.waiting()) oldest = std::min(oldest, r->arrival);
+  return oldest;
+}
+
+}  // namespace
+
+void RunToCompletionPolicy::FormBatch(RequestPool& pool) {
+  BlockManager& blocks = pool.blocks();
+  while (!pool.waiting().empty() && static_cast<int>(batch_.size()) < BatchCap()) {
+    Request* r = pool.waiting().front();
+    BlockManager::PrefixMatch match = blocks.AcquirePrefix(r->tokens);
+    const int reserved = r->num_prompt_tokens + r->max_new_tokens;
+    if (!blocks.EnsureCapacity(match.table, reserved)) break;
+    r->blocks = std::move(match.table);
+    r->num_computed = match.num_cached_tokens;
+    r->num_cached_prompt_tokens = match.num_cached_tokens;
+    pool.AdmitFront();
+    batch_.push_back(r);
+  }
+}
+
+StepPlan RunToCompletionPolicy::Plan(RequestPool& pool, Clock::time_point now) {
+  StepPlan plan;
+  if (!batch_.empty() &&
+      std::all_of(batch_.begin(), batch_.end(), [](const Request* r) { return r->done; })) {
+    plan.released = std::move(batch_);
+    batch_.clear();
+  }
+  if (batch_.empty()) {
+    if (pool.waiting().empty() || FormationTime(pool) > now) return plan;
+    FormBatch(pool);
+  }
+  int budget = limits_.max_step_tokens;
+  const int block_size = pool.blocks().block_size();
+  for (Request* r : batch_) {
+    ++plan.batch_slots;
+    if (r->done) ++plan.wasted_slots;
+    const int capacity = r->blocks.num_blocks() * block_size;
+    const int n = std::min({r->num_uncomputed(), budget, capacity - r->num_computed});
+    if (n <= 0) continue;  // Out of budget, or padding that filled its reservation.
+    plan.sequences.push_back({r, n});
+    budget -= n;
+  }
+  return plan;
+}
+
+bool RunToCompletionPolicy::KeepAfterDone(Request* r) {
+  return std::find(batch_.begin(), batch_.end(), r) != batch_.end();
+}
+
+void RunToCompletionPolicy::Forget(Request* r) {
+  batch_.erase(std::remove(batch_.begin(), batch_.end(), r), batch_.end());
+}
+
+std::optional<Clock::time_point> RunToCompletionPolicy::NextWakeup(const RequestPool& pool) const {
+  if (!batch_.empty() || pool.waiting().empty()) return std::nullopt;
+  return FormationTime(pool);
+}
+
+Clock::time_point StaticPolicy::FormationTime(const RequestPool& pool) const {
+  if (static_cast<int>(pool.waiting().size()) >= BatchCap()) return Clock::time_point::min();
+  return OldestArrival(pool) + std::chrono::duration_cast<Clock::duration>(timeout_);
+}
+
+int StaticPolicy::BatchCap() const { return std::min(batch_size_, limits_.max_num_seqs); }
+
+Clock::time_point DynamicPolicy::FormationTime(const RequestPool& pool) const {
+  if (static_cast<int>(pool.waiting().size()) >= BatchCap()) return Clock::time_point::min();
+  return OldestArrival(pool) + std::chrono::duration_cast<Clock::duration>(window_);
+}
+
+}  // namespace conveyor::scheduler

@@ -1,0 +1,135 @@
+#include "scheduler/worker_group.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+namespace v1 = worker::v1;
+
+// Counts outstanding calls down to zero.
+class Latch {
+ public:
+  explicit Latch(int count) : count_(count) {}
+  void CountDown() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--count_ == 0) cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return count_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int count_;
+};
+
+bool IsTransient(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+}  // namespace
+
+WorkerGroup::WorkerGroup(Options options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  for (const std::string& address : options_.addresses) {
+    stubs_.push_back(v1::Worker::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+}
+
+absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
+    std::chrono::system_clock::time_point deadline) {
+  const int world = world_size();
+  std::vector<v1::InitResponse> responses(world);
+  std::vector<grpc::Status> statuses(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      v1::InitRequest request;
+      request.set_model_path(options_.model_path);
+      request.set_tp_rank(rank);
+      request.set_tp_world_size(world);
+      request.set_block_size(options_.block_size);
+      request.set_kv_cache_bytes(options_.kv_cache_bytes);
+      request.set_max_step_tokens(options_.max_step_tokens);
+      request.set_max_step_sequences(options_.max_step_sequences);
+      // Workers may still be starting: wait for them, bounded by the deadline.
+      for (;;) {
+        grpc::ClientContext context;
+        context.set_deadline(deadline);
+        context.set_wait_for_ready(true);
+        statuses[rank] = stubs_[rank]->Init(&context, request, &responses[rank]);
+        if (!IsTransient(statuses[rank].error_code()) ||
+            std::chrono::system_clock::now() >= deadline) {
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  Info info;
+  for (int rank = 0; rank < world; ++rank) {
+    if (!statuses[rank].ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(statuses[rank].error_code()),
+                          absl::StrCat("worker rank ", rank, " (", options_.addresses[rank],
+                                       "): Init failed: ", statuses[rank].error_message()));
+    }
+    const v1::InitResponse& r = responses[rank];
+    info.num_kv_blocks =
+        rank == 0 ? r.num_kv_blocks() : std::min(info.num_kv_blocks, r.num_kv_blocks());
+  }
+  info.model = responses[0].model();
+  info.block_size = responses[0].block_size();
+  info.backend = responses[0].backend();
+  return info;
+}
+
+absl::StatusOr<v1::StepResponse> WorkerGroup::Step(const v1::StepRequest& request) {
+  const int world = world_size();
+  std::vector<v1::StepResponse> responses(world);
+  std::vector<grpc::Status> statuses(world);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(world);
+  Latch latch(world);
+  for (int rank = 0; rank < world; ++rank) {
+    contexts[rank] = std::make_unique<grpc::ClientContext>();
+    contexts[rank]->set_deadline(std::chrono::system_clock::now() + options_.step_timeout);
+    stubs_[rank]->async()->Step(contexts[rank].get(), &request, &responses[rank],
+                                [&, rank](grpc::Status status) {
+                                  statuses[rank] = std::move(status);
+                                  latch.CountDown();
+                                });
+  }
+  latch.Wait();
+  for (int rank = 0; rank < world; ++rank) {
+    if (!statuses[rank].ok()) {
+      return absl::Status(
+          static_cast<absl::StatusCode>(statuses[rank].error_code()),
+          absl::StrCat("worker rank ", rank, " (", options_.addresses[rank], "): step ",
+                       request.step_id(), " failed: ", statuses[rank].error_message()));
+    }
+  }
+  return std::move(responses[0]);
+}
+
+void WorkerGroup::ShutdownWorkers() {
+  for (auto& stub : stubs_) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::ShutdownRequest request;
+    v1::ShutdownResponse response;
+    stub->Shutdown(&context, request, &response);
+  }
+}
+
+}  // namespace conveyor::scheduler

@@ -1,0 +1,54 @@
+// The worker ranks of one model replica, over gRPC: initialises them together and sends
+// every step to all of them in parallel.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/step_executor.h"
+#include "worker.grpc.pb.h"
+
+namespace conveyor::scheduler {
+
+class WorkerGroup final : public StepExecutor {
+ public:
+  struct Options {
+    std::vector<std::string> addresses;  // host:port of rank 0, 1, …
+    std::string model_path;
+    int block_size = 16;
+    uint64_t kv_cache_bytes = 0;  // Per rank; 0 lets each worker choose.
+    int max_step_tokens = 0;
+    int max_step_sequences = 0;
+    std::chrono::milliseconds step_timeout{60'000};
+  };
+
+  // What the ranks agreed on at Init.
+  struct Info {
+    worker::v1::ModelInfo model;
+    int num_kv_blocks = 0;  // The minimum over ranks.
+    int block_size = 0;
+    std::string backend;
+  };
+
+  explicit WorkerGroup(Options options);
+
+  // Calls Init on every rank in parallel, retrying unreachable ranks until `deadline`.
+  // An Init that a worker rejects (bad model path, …) is returned at once.
+  absl::StatusOr<Info> Initialize(std::chrono::system_clock::time_point deadline);
+
+  absl::StatusOr<worker::v1::StepResponse> Step(const worker::v1::StepRequest& request) override;
+
+  // Asks every rank to exit (best effort).
+  void ShutdownWorkers();
+
+  int world_size() const { return static_cast<int>(stubs_.size()); }
+
+ private:
+  Options options_;
+  std::vector<std::unique_ptr<worker::v1::Worker::Stub>> stubs_;
+};
+
+}  // namespace conveyor::scheduler
