@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "common/grpc_status.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -152,11 +153,11 @@ grpc::ServerUnaryReactor* ApiService::Tokenize(grpc::CallbackServerContext* cont
   const bool add_bos = !request->has_add_bos() || request->add_bos();
   if (add_bos && limits_.bos_token_id >= 0) {
     response->add_token_ids(limits_.bos_token_id);
-    response->add_pieces(tokenizer_->Decode({limits_.bos_token_id}));
+    response->add_pieces(ValidUtf8(tokenizer_->Decode({limits_.bos_token_id})));
   }
   for (int id : *ids) {
     response->add_token_ids(id);
-    response->add_pieces(tokenizer_->Decode({id}));
+    response->add_pieces(ValidUtf8(tokenizer_->Decode({id})));
   }
   reactor->Finish(grpc::Status::OK);
   return reactor;

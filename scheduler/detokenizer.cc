@@ -21,8 +21,16 @@ IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer,
                                                std::span<const int> prompt)
     : tokenizer_(tokenizer),
       window_(LastTokens(prompt, kContextTokens)),
-      prefix_tokens_(window_.size()),
-      prefix_text_bytes_(tokenizer->Decode(window_).size()) {}
+      prefix_tokens_(0),
+      prefix_text_bytes_(0) {
+  // A prompt ending inside a character (possible with token-id prompts) would let the
+  // output's bytes rewrite the context's text; keep only context that decodes whole.
+  while (!window_.empty() && tokenizer_->Decode(window_).ends_with(kReplacementChar)) {
+    window_.pop_back();
+  }
+  prefix_tokens_ = window_.size();
+  prefix_text_bytes_ = tokenizer_->Decode(window_).size();
+}
 
 std::string IncrementalDetokenizer::Append(int token_id) {
   window_.push_back(token_id);

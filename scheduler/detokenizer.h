@@ -25,8 +25,9 @@ class IncrementalDetokenizer {
   static constexpr size_t kContextTokens = 5;
 
   // `tokenizer` must outlive this object. The last kContextTokens tokens of `prompt`
-  // are context only, never emitted; they should end at a character boundary, as the
-  // tokens of any encoded text do.
+  // are context only, never emitted. Context that ends inside a character (a token-id
+  // prompt can) is trimmed to its last whole character; the output's remaining bytes of
+  // that character then come out as U+FFFD.
   IncrementalDetokenizer(const Tokenizer* tokenizer, std::span<const int> prompt);
 
   // Adds one output token and returns the text it completes: empty while the newest

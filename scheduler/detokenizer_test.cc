@@ -148,8 +148,15 @@ TEST_F(DetokenizerTest, PromptContextKeepsTheFirstTokensLeadingSpace) {
     SCOPED_TRACE(split);
     const std::vector<int> prompt(full.begin(), full.begin() + split);
     const std::vector<int> output(full.begin() + split, full.end());
-    EXPECT_EQ(absl::StrJoin(Stream(prompt, output), ""),
-              full_text.substr(tokenizer_->Decode(prompt).size()));
+    const std::string streamed = absl::StrJoin(Stream(prompt, output), "");
+    if (tokenizer_->Decode(prompt).ends_with("\uFFFD")) {
+      // A prompt that ends inside a character: its bytes stay with the prompt, and the
+      // output's remaining bytes of that character are stray ones.
+      EXPECT_TRUE(streamed.starts_with("\uFFFD")) << streamed;
+      EXPECT_TRUE(streamed.ends_with(" again")) << streamed;
+      continue;
+    }
+    EXPECT_EQ(streamed, full_text.substr(tokenizer_->Decode(prompt).size()));
   }
   // "▁world" at the start of a text drops its space; after the prompt it keeps it.
   const std::vector<int> hello = Encode("hello");

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 #include "spdlog/spdlog.h"
 
 namespace conveyor::scheduler {
@@ -298,12 +299,12 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
   if (r->num_logprobs > 0) {
     v1::TokenLogprobs* lp = message.add_logprobs();
     lp->mutable_token()->set_token_id(id);
-    lp->mutable_token()->set_text(tokenizer_->Decode({id}));
+    lp->mutable_token()->set_text(ValidUtf8(tokenizer_->Decode({id})));
     lp->mutable_token()->set_logprob(token.logprob());
     for (const worker::v1::TokenLogprob& alt : token.top_logprobs()) {
       v1::TokenLogprob* t = lp->add_top();
       t->set_token_id(alt.token_id());
-      t->set_text(tokenizer_->Decode({alt.token_id()}));
+      t->set_text(ValidUtf8(tokenizer_->Decode({alt.token_id()})));
       t->set_logprob(alt.logprob());
     }
   }
@@ -315,7 +316,7 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
     reason = "stop";
   } else {
     StopMatcher::Result result = r->stop_matcher->Feed(r->detokenizer->Append(id));
-    message.set_text(std::move(result.emit));
+    message.set_text(ValidUtf8(result.emit));
     if (result.stopped) reason = "stop";
   }
   if (reason == nullptr && (r->num_output_tokens() >= r->max_new_tokens ||
@@ -329,11 +330,11 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
   if (std::string_view(reason) != "stop") {
     // Text held back for a possible stop string or an incomplete character is final now.
     StopMatcher::Result tail = r->stop_matcher->Feed(r->detokenizer->Flush());
-    message.mutable_text()->append(tail.emit);
+    message.mutable_text()->append(ValidUtf8(tail.emit));
     if (tail.stopped) {
       reason = "stop";
     } else {
-      message.mutable_text()->append(r->stop_matcher->Flush());
+      message.mutable_text()->append(ValidUtf8(r->stop_matcher->Flush()));
     }
   }
   Finish(r, absl::OkStatus(), reason, &message);

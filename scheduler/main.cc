@@ -21,6 +21,7 @@
 #include "scheduler/metrics.h"
 #include "scheduler/policy.h"
 #include "scheduler/worker_group.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the client API (0.0.0.0: all).");
@@ -71,6 +72,8 @@ int main(int argc, char** argv) {
       "Serves streaming text generation over gRPC, batching requests onto model workers.\n"
       "Usage: conveyor-scheduler --model=DIR --workers=HOST:PORT[,HOST:PORT...] [flags]");
   absl::ParseCommandLine(argc, argv);
+  // Logs go to stderr; stdout carries only the "listening on" line that scripts read.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("conveyor"));
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   const sigset_t signals = BlockTerminationSignals();
 

@@ -1,0 +1,250 @@
+// The batching policies as pure logic: requests, a block manager, and a simulated worker
+// that "computes" whatever a plan schedules and samples a dummy token at the end.
+#include "scheduler/policy.h"
+
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "scheduler/continuous_policy.h"
+#include "scheduler/run_to_completion_policy.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+using namespace std::chrono_literals;
+
+class PolicyTest : public ::testing::Test {
+ protected:
+  void SetUpPool(int num_blocks, int block_size = 4) {
+    requests_.clear();  // Their block tables return blocks to the old manager first.
+    pool_.reset();
+    blocks_ = std::make_unique<BlockManager>(num_blocks, block_size, true);
+    pool_ = std::make_unique<RequestPool>(blocks_.get());
+  }
+
+  Request* Add(int prompt_len, int max_new, int priority = 0, int first_token = 100) {
+    auto r = std::make_unique<Request>();
+    r->id = requests_.size() + 1;
+    for (int i = 0; i < prompt_len; ++i) r->tokens.push_back(first_token + i);
+    r->num_prompt_tokens = prompt_len;
+    r->max_new_tokens = max_new;
+    r->priority = priority;
+    r->arrival = now_;
+    now_ += 1ms;
+    pool_->AddWaiting(r.get());
+    requests_.push_back(std::move(r));
+    return requests_.back().get();
+  }
+
+  // Applies a plan as the workers and the engine would: tokens computed, a token
+  // sampled when a sequence reaches its end, requests done at max_new_tokens.
+  void Run(const StepPlan& plan, BatchPolicy& policy) {
+    for (Request* r : plan.released) pool_->Remove(r);
+    for (const ScheduledSequence& s : plan.sequences) {
+      Request* r = s.request;
+      ASSERT_LE(r->num_computed + s.num_tokens, r->num_tokens());
+      ASSERT_LE(r->num_computed + s.num_tokens, r->blocks.num_blocks() * blocks_->block_size())
+          << "scheduled beyond the request's blocks";
+      r->num_computed += s.num_tokens;
+      blocks_->CommitComputed(r->blocks, r->tokens, r->num_computed);
+      if (r->num_computed == r->num_tokens()) {
+        r->tokens.push_back(7);
+        if (!r->done && r->num_output_tokens() >= r->max_new_tokens) {
+          r->done = true;
+          if (!policy.KeepAfterDone(r)) pool_->Remove(r);
+        }
+      }
+    }
+  }
+
+  // Plans and runs steps until nothing is left, checking the budget on each.
+  int RunToEnd(BatchPolicy& policy, const PolicyLimits& limits) {
+    int steps = 0;
+    while (pool_->size() > 0) {
+      const StepPlan plan = policy.Plan(*pool_, now_);
+      EXPECT_LE(plan.num_tokens(), limits.max_step_tokens);
+      EXPECT_LE(static_cast<int>(plan.sequences.size()), limits.max_num_seqs);
+      Run(plan, policy);
+      now_ += 1s;  // Time passes, so batch timeouts fire.
+      if (++steps > 10000) {
+        ADD_FAILURE() << "did not finish";
+        break;
+      }
+    }
+    return steps;
+  }
+
+  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<RequestPool> pool_;
+  std::vector<std::unique_ptr<Request>> requests_;
+  Clock::time_point now_ = Clock::now();
+};
+
+TEST_F(PolicyTest, ContinuousAdmitsByPriorityThenArrival) {
+  SetUpPool(100);
+  ContinuousPolicy policy({/*max_num_seqs=*/2, /*max_step_tokens=*/100});
+  Request* a = Add(4, 2);
+  Request* b = Add(4, 2, /*priority=*/5);
+  Request* c = Add(4, 2);
+  const StepPlan plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.sequences.size(), 2u);
+  EXPECT_EQ(plan.sequences[0].request, b);
+  EXPECT_EQ(plan.sequences[1].request, a);
+  EXPECT_EQ(pool_->waiting().front(), c);
+}
+
+TEST_F(PolicyTest, ContinuousChunksPrefillUnderTheTokenBudgetAfterDecodes) {
+  SetUpPool(100);
+  const PolicyLimits limits{8, 10};
+  ContinuousPolicy policy(limits);
+  Request* a = Add(3, 5);
+  StepPlan plan = policy.Plan(*pool_, now_);
+  Run(plan, policy);  // a prefilled, sampled its first token.
+  Request* b = Add(25, 1);
+  plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.sequences.size(), 2u);
+  EXPECT_EQ(plan.sequences[0].request, a);  // The running decode goes first...
+  EXPECT_EQ(plan.sequences[0].num_tokens, 1);
+  EXPECT_EQ(plan.sequences[1].request, b);  // ...then a prefill chunk fills the budget.
+  EXPECT_EQ(plan.sequences[1].num_tokens, 9);
+  Run(plan, policy);
+  plan = policy.Plan(*pool_, now_);
+  EXPECT_EQ(plan.num_tokens(), 10);
+  RunToEnd(policy, limits);
+  EXPECT_EQ(b->num_output_tokens(), 1);
+  EXPECT_EQ(blocks_->num_used_blocks(), 0);
+}
+
+TEST_F(PolicyTest, ContinuousPreemptsTheNewestWhenBlocksRunOut) {
+  // 6 blocks of 4 tokens: three 8-token prompts fill them; decoding needs more.
+  SetUpPool(6);
+  const PolicyLimits limits{8, 100};
+  ContinuousPolicy policy(limits);
+  Request* a = Add(8, 6, 0, 100);
+  Request* b = Add(8, 6, 0, 200);
+  Request* c = Add(8, 6, 0, 300);
+  StepPlan plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.sequences.size(), 3u);
+  Run(plan, policy);  // 8 computed tokens each fill 2 blocks: none free.
+  plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.preempted.size(), 1u);
+  EXPECT_EQ(plan.preempted[0], c);  // The newest goes.
+  EXPECT_EQ(pool_->waiting().front(), c);
+  EXPECT_EQ(c->num_computed, 0);
+  EXPECT_EQ(c->preemptions, 1);
+  ASSERT_EQ(plan.sequences.size(), 2u);
+  EXPECT_EQ(plan.sequences[0].request, a);
+  EXPECT_EQ(plan.sequences[1].request, b);
+  RunToEnd(policy, limits);
+  for (Request* r : {a, b, c}) EXPECT_EQ(r->num_output_tokens(), 6);
+  EXPECT_EQ(blocks_->num_used_blocks(), 0);
+}
+
+TEST_F(PolicyTest, ContinuousServesARepeatedPrefixFromTheCache) {
+  SetUpPool(100);
+  const PolicyLimits limits{8, 100};
+  ContinuousPolicy policy(limits);
+  Add(13, 1);
+  RunToEnd(policy, limits);
+  Request* again = Add(13, 1);
+  const StepPlan plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.sequences.size(), 1u);
+  EXPECT_EQ(again->num_cached_prompt_tokens, 12);  // Three full blocks of four.
+  EXPECT_EQ(plan.sequences[0].num_tokens, 1);
+  RunToEnd(policy, limits);
+  EXPECT_EQ(blocks_->num_used_blocks(), 0);
+}
+
+TEST_F(PolicyTest, StaticWaitsForAFullBatchOrTheTimeout) {
+  SetUpPool(100);
+  StaticPolicy policy({8, 100}, /*batch_size=*/3, /*timeout_ms=*/500);
+  Add(4, 2);
+  Add(4, 2);
+  EXPECT_TRUE(policy.Plan(*pool_, now_).empty());
+  ASSERT_TRUE(policy.NextWakeup(*pool_).has_value());
+  Add(4, 2);
+  EXPECT_EQ(policy.Plan(*pool_, now_).sequences.size(), 3u);
+
+  SetUpPool(100);
+  StaticPolicy timed({8, 100}, 3, 500);
+  Add(4, 2);
+  EXPECT_TRUE(timed.Plan(*pool_, now_).empty());
+  EXPECT_EQ(timed.Plan(*pool_, now_ + 600ms).sequences.size(), 1u);
+}
+
+TEST_F(PolicyTest, StaticNeverAdmitsMidBatchAndKeepsFinishedMembersAsPadding) {
+  SetUpPool(100);
+  const PolicyLimits limits{8, 100};
+  StaticPolicy policy(limits, 2, 0);
+  Request* short_one = Add(4, 1);
+  Request* long_one = Add(4, 5);
+  StepPlan plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.sequences.size(), 2u);
+  Run(plan, policy);
+  EXPECT_TRUE(short_one->done);
+  EXPECT_TRUE(policy.KeepAfterDone(short_one));
+  Request* late = Add(4, 1);
+  int wasted = 0;
+  while (!long_one->done) {
+    plan = policy.Plan(*pool_, now_);
+    for (const ScheduledSequence& s : plan.sequences) EXPECT_NE(s.request, late);
+    EXPECT_EQ(plan.batch_slots, 2);
+    wasted += plan.wasted_slots;
+    Run(plan, policy);
+  }
+  EXPECT_EQ(wasted, 4);  // The short member held its slot for 4 more steps.
+  plan = policy.Plan(*pool_, now_);
+  EXPECT_EQ(plan.released.size(), 2u);  // The batch ends; the late request starts.
+  ASSERT_EQ(plan.sequences.size(), 1u);
+  EXPECT_EQ(plan.sequences[0].request, late);
+  Run(plan, policy);
+  RunToEnd(policy, limits);
+  EXPECT_EQ(blocks_->num_used_blocks(), 0);
+}
+
+TEST_F(PolicyTest, DynamicFormsABatchAfterTheWindowUpToTheCap) {
+  SetUpPool(100);
+  const PolicyLimits limits{2, 100};
+  DynamicPolicy policy(limits, /*window_ms=*/10);
+  const Clock::time_point first = now_;
+  Add(4, 1);
+  EXPECT_TRUE(policy.Plan(*pool_, now_).empty());
+  EXPECT_EQ(*policy.NextWakeup(*pool_), first + 10ms);
+  Add(4, 1);  // Reaches the cap: no need to wait out the window.
+  Add(4, 1);
+  const StepPlan plan = policy.Plan(*pool_, now_);
+  EXPECT_EQ(plan.sequences.size(), 2u);
+  EXPECT_EQ(pool_->waiting().size(), 1u);
+  RunToEnd(policy, limits);
+  EXPECT_EQ(blocks_->num_used_blocks(), 0);
+}
+
+TEST_F(PolicyTest, RunToCompletionReservesPromptPlusMaxNewTokens) {
+  SetUpPool(10, 4);
+  StaticPolicy policy({8, 100}, 2, 0);
+  Add(4, 12);  // Needs 4 blocks.
+  Add(4, 24);  // Needs 7: does not fit next to the first.
+  const StepPlan plan = policy.Plan(*pool_, now_);
+  EXPECT_EQ(plan.sequences.size(), 1u);
+  EXPECT_EQ(blocks_->num_used_blocks(), 4);
+}
+
+TEST(MakePolicyTest, RejectsUnknownNamesAndBadLimits) {
+  PolicyOptions options;
+  options.name = "fifo";
+  EXPECT_EQ(MakePolicy(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.name = "static";
+  options.batch_size = 0;
+  EXPECT_EQ(MakePolicy(options).status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* name : {"continuous", "static", "dynamic"}) {
+    PolicyOptions ok;
+    ok.name = name;
+    auto policy = MakePolicy(ok);
+    ASSERT_TRUE(policy.ok());
+    EXPECT_STREQ((*policy)->name(), name);
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::scheduler

@@ -10,11 +10,15 @@
 #include "absl/flags/usage.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "worker/service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
 ABSL_FLAG(int, port, 50061, "Port to listen on; 0 picks a free one (printed on stdout).");
+ABSL_FLAG(int, metrics_port, 9401, "Port for Prometheus metrics (/metrics); 0 disables.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses one per core.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
@@ -38,6 +42,8 @@ int main(int argc, char** argv) {
       "Serves one rank of a Llama-family model to a conveyor-scheduler over gRPC.\n"
       "Usage: conveyor-worker [--host=127.0.0.1] [--port=50061] [--threads=N]");
   absl::ParseCommandLine(argc, argv);
+  // Logs go to stderr; stdout carries only the "listening on" line that scripts read.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("conveyor"));
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
 
   // Signals go to the waiting thread only; block them before gRPC starts its threads.
@@ -47,8 +53,19 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  auto registry = std::make_shared<prometheus::Registry>();
+  conveyor::worker::WorkerMetrics metrics(*registry);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (absl::GetFlag(FLAGS_metrics_port) != 0) {
+    const std::string metrics_address = absl::GetFlag(FLAGS_host) + ":" +
+                                        std::to_string(absl::GetFlag(FLAGS_metrics_port));
+    exposer = std::make_unique<prometheus::Exposer>(metrics_address);
+    exposer->RegisterCollectable(registry);
+  }
+
   conveyor::worker::WorkerService::Options options;
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.metrics = &metrics;
   conveyor::worker::WorkerService service(options);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -128,6 +129,12 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
                request.model_path(), c.num_layers, c.NumParameters(), backend->name(), load_ms,
                cache->num_blocks(), block_size, cache->size_bytes() >> 20);
 
+  if (options_.metrics != nullptr) {
+    options_.metrics->Initialized(
+        std::filesystem::path(request.model_path()).filename().string(), request.tp_rank(),
+        load_ms / 1000, static_cast<double>(model->weight_bytes()),
+        static_cast<double>(cache->size_bytes()));
+  }
   engine_ = std::make_unique<StepEngine>(model.get(), cache.get(), engine_options);
   backend_ = std::move(backend);
   model_ = std::move(model);
@@ -151,7 +158,13 @@ grpc::Status WorkerService::Step(grpc::ServerContext*, const v1::StepRequest* re
                         "worker is not initialised; call Init first");
   }
   const absl::Status status = engine_->Step(*request, response);
-  if (!status.ok()) spdlog::warn("step {} rejected: {}", request->step_id(), status.ToString());
+  if (!status.ok()) {
+    spdlog::warn("step {} rejected: {}", request->step_id(), status.ToString());
+    if (options_.metrics != nullptr) options_.metrics->CountStepError();
+  } else if (options_.metrics != nullptr) {
+    options_.metrics->ObserveStep(response->timings().total_ms() / 1000,
+                                  response->num_step_tokens());
+  }
   return ToGrpcStatus(status);
 }
 

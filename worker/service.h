@@ -11,6 +11,7 @@
 #include "worker.grpc.pb.h"
 #include "worker/engine.h"
 #include "worker/kv_cache.h"
+#include "worker/metrics.h"
 #include "worker/model.h"
 
 namespace conveyor::worker {
@@ -19,6 +20,7 @@ class WorkerService final : public v1::Worker::Service {
  public:
   struct Options {
     int num_threads = 0;  // CPU backend threads; 0: one per core.
+    WorkerMetrics* metrics = nullptr;  // Optional; must outlive the service.
   };
   explicit WorkerService(const Options& options);
   ~WorkerService() override;

@@ -1,6 +1,9 @@
 #include "tests/support/subprocess.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -33,7 +36,8 @@ Subprocess::Subprocess(Subprocess&& other) noexcept
     : pid_(other.pid_),
       stdout_fd_(other.stdout_fd_),
       buffer_(std::move(other.buffer_)),
-      exited_(other.exited_) {
+      exited_(other.exited_),
+      drain_(std::move(other.drain_)) {
   other.pid_ = -1;
   other.stdout_fd_ = -1;
 }
@@ -43,7 +47,17 @@ Subprocess::~Subprocess() {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
+  if (drain_.joinable()) drain_.join();  // The pipe hit EOF when the child died.
   if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+void Subprocess::DrainStdout() {
+  const int fd = stdout_fd_;
+  drain_ = std::thread([fd] {
+    char chunk[4096];
+    while (read(fd, chunk, sizeof(chunk)) > 0) {
+    }
+  });
 }
 
 std::optional<std::string> Subprocess::WaitForLine(const std::string& needle,
@@ -92,6 +106,47 @@ int PortFromListeningLine(const std::string& line) {
   if (colon == std::string::npos) return -1;
   int port = -1;
   return absl::SimpleAtoi(line.substr(colon + 1), &port) ? port : -1;
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::optional<std::string> HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return std::nullopt;
+  }
+  const std::string request =
+      "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return std::nullopt;
+  }
+  std::string response;
+  char chunk[8192];
+  ssize_t n;
+  while ((n = read(fd, chunk, sizeof(chunk))) > 0) response.append(chunk, n);
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.", 0) != 0 || body == std::string::npos) return std::nullopt;
+  return response.substr(body + 4);
 }
 
 }  // namespace conveyor::testing

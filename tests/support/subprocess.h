@@ -7,6 +7,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace conveyor::testing {
@@ -23,6 +24,9 @@ class Subprocess {
   // nullopt on EOF or after `timeout`.
   std::optional<std::string> WaitForLine(const std::string& needle,
                                          std::chrono::milliseconds timeout);
+  // Reads and discards the rest of stdout on a background thread, so a chatty child
+  // never blocks on a full pipe. WaitForLine must not be called afterwards.
+  void DrainStdout();
   // Waits for exit; returns the exit code, or nullopt on timeout / death by signal.
   std::optional<int> Wait(std::chrono::milliseconds timeout);
   void Signal(int sig);
@@ -34,9 +38,16 @@ class Subprocess {
   int stdout_fd_ = -1;
   std::string buffer_;
   bool exited_ = false;
+  std::thread drain_;
 };
 
 // The port from a "... listening on HOST:PORT" line, or -1.
 int PortFromListeningLine(const std::string& line);
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreePort();
+
+// The body of http://127.0.0.1:PORT/PATH, or nullopt if the request failed.
+std::optional<std::string> HttpGet(int port, const std::string& path);
 
 }  // namespace conveyor::testing

@@ -19,6 +19,11 @@ std::string WorkerBinary() {
   return bin != nullptr ? bin : CONVEYOR_WORKER_BIN_DEFAULT;
 }
 
+std::string SchedulerBinary() {
+  const char* bin = std::getenv("CONVEYOR_SCHEDULER_BIN");
+  return bin != nullptr ? bin : CONVEYOR_SCHEDULER_BIN_DEFAULT;
+}
+
 std::string TestModelDir(const std::string& variant) { return TestDataDir() + "/" + variant; }
 
 std::vector<std::string> TestModelVariants() {

@@ -16,8 +16,9 @@ namespace conveyor::testing {
 
 // The test checkpoints made by tests/make_test_data.sh (ctest runs it first).
 std::string TestDataDir();
-// The conveyor-worker binary of this build.
+// The conveyor-worker and conveyor-scheduler binaries of this build.
 std::string WorkerBinary();
+std::string SchedulerBinary();
 std::string TestModelDir(const std::string& variant);
 std::vector<std::string> TestModelVariants();
 

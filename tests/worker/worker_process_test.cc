@@ -16,13 +16,14 @@ namespace v1 = worker::v1;
 class WorkerProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto process = Subprocess::Start({WorkerBinary(), "--port=0", "--threads=2"});
+    auto process = Subprocess::Start({WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=2"});
     ASSERT_TRUE(process.has_value());
     process_.emplace(std::move(*process));
     const auto line = process_->WaitForLine("listening on", 30s);
     ASSERT_TRUE(line.has_value()) << "worker did not start";
     const int port = PortFromListeningLine(*line);
     ASSERT_GT(port, 0) << *line;
+    process_->DrainStdout();
     auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                        grpc::InsecureChannelCredentials());
     stub_ = v1::Worker::NewStub(channel);

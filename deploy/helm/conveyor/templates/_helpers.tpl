@@ -1,0 +1,159 @@
+{{/*
+Names, labels and the few derived values that several templates share.
+*/}}
+
+{{- define "conveyor.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name: the release name, prefixed to the chart name unless it already
+contains it. Truncated to 63 characters (DNS label limit).
+*/}}
+{{- define "conveyor.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "conveyor.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Scheduler Deployment and Service name. */}}
+{{- define "conveyor.scheduler.name" -}}
+{{- printf "%s-scheduler" (include "conveyor.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Worker StatefulSet and headless Service name (they must match for stable pod DNS names).
+52 characters leave room for the pod ordinal and the controller-revision-hash label.
+*/}}
+{{- define "conveyor.worker.name" -}}
+{{- printf "%s-worker" (include "conveyor.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "conveyor.labels" -}}
+helm.sh/chart: {{ include "conveyor.chart" . }}
+{{ include "conveyor.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: conveyor
+{{- end }}
+
+{{- define "conveyor.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "conveyor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of one component; call with (dict "ctx" $ "component" "scheduler"). */}}
+{{- define "conveyor.componentLabels" -}}
+{{ include "conveyor.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "conveyor.componentSelectorLabels" -}}
+{{ include "conveyor.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "conveyor.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "conveyor.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "conveyor.scheduler.image" -}}
+{{- $tag := .Values.scheduler.image.tag | default .Chart.AppVersion }}
+{{- printf "%s:%s" .Values.scheduler.image.repository $tag }}
+{{- end }}
+
+{{- define "conveyor.worker.image" -}}
+{{- $tag := .Values.worker.image.tag }}
+{{- if not $tag }}
+{{- $tag = ternary (printf "%s-cpu" .Chart.AppVersion) .Chart.AppVersion .Values.cpuOnly.enabled }}
+{{- end }}
+{{- printf "%s:%s" .Values.worker.image.repository $tag }}
+{{- end }}
+
+{{/* Validated tensor-parallel size. */}}
+{{- define "conveyor.tensorParallelSize" -}}
+{{- $tp := int .Values.tensorParallelSize }}
+{{- if lt $tp 1 }}
+{{- fail "tensorParallelSize must be at least 1" }}
+{{- end }}
+{{- $tp }}
+{{- end }}
+
+{{/*
+The scheduler's --workers list: every rank's stable DNS name, in rank order.
+*/}}
+{{- define "conveyor.workerAddresses" -}}
+{{- $name := include "conveyor.worker.name" . }}
+{{- $addrs := list }}
+{{- range $i := until (int (include "conveyor.tensorParallelSize" .)) }}
+{{- $addrs = append $addrs (printf "%s-%d.%s.%s.svc.%s:%d" $name $i $name $.Release.Namespace $.Values.clusterDomain (int $.Values.worker.grpcPort)) }}
+{{- end }}
+{{- join "," $addrs }}
+{{- end }}
+
+{{/* KV-cache bytes per rank handed to the scheduler. */}}
+{{- define "conveyor.kvCacheBytes" -}}
+{{- $bytes := int64 .Values.scheduler.kvCacheBytes }}
+{{- if and .Values.cpuOnly.enabled (eq $bytes 0) }}
+{{- $bytes = int64 .Values.cpuOnly.kvCacheBytes }}
+{{- end }}
+{{- $bytes }}
+{{- end }}
+
+{{- define "conveyor.scheduler.terminationGracePeriodSeconds" -}}
+{{- add (int .Values.scheduler.drainTimeoutS) (int .Values.scheduler.terminationGraceMarginS) }}
+{{- end }}
+
+{{/* The model volume, and its read-only mount at the model path. */}}
+{{- define "conveyor.modelVolume" -}}
+- name: model
+{{- if eq .Values.model.volume.type "hostPath" }}
+  hostPath:
+    path: {{ required "model.volume.hostPath.path is required" .Values.model.volume.hostPath.path }}
+    {{- with .Values.model.volume.hostPath.type }}
+    type: {{ . }}
+    {{- end }}
+{{- else if eq .Values.model.volume.type "persistentVolumeClaim" }}
+  persistentVolumeClaim:
+    claimName: {{ required "model.volume.persistentVolumeClaim.claimName is required" .Values.model.volume.persistentVolumeClaim.claimName }}
+    readOnly: true
+{{- else }}
+{{- fail (printf "model.volume.type must be hostPath or persistentVolumeClaim, not %q" .Values.model.volume.type) }}
+{{- end }}
+{{- end }}
+
+{{- define "conveyor.modelVolumeMount" -}}
+- name: model
+  mountPath: {{ required "model.path is required" .Values.model.path }}
+  readOnly: true
+  {{- with .Values.model.volume.subPath }}
+  subPath: {{ . }}
+  {{- end }}
+{{- end }}
+
+{{/* gRPC probe; call with (dict "probe" <settings> "port" <port> "service" <name>). */}}
+{{- define "conveyor.grpcProbe" -}}
+grpc:
+  port: {{ .port }}
+  {{- with .service }}
+  service: {{ . | quote }}
+  {{- end }}
+{{- with .probe }}
+{{- toYaml . | nindent 0 }}
+{{- end }}
+{{- end }}

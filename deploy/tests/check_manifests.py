@@ -1,0 +1,403 @@
+#!/usr/bin/python3
+"""Checks the manifests rendered from the Conveyor chart against what the chart promises.
+
+    check_manifests.py MANIFESTS.yaml --chart deploy/helm/conveyor [-f VALUES]... --namespace NS
+
+The expectations come from the same values the manifests were rendered with (the chart's
+values.yaml coalesced with each -f file), so one checker serves every values file:
+objects and kinds, ports, gRPC probes, GPUs per worker, StatefulSet replicas = TP size,
+the scheduler's --workers list against the StatefulSet and headless Service names, the
+NetworkPolicies against the pods' labels, termination grace against the drain timeout,
+the ServiceMonitor against the Services. Prints every failed check; exit status 1 if any.
+"""
+
+import argparse
+import sys
+
+import yaml
+
+SCHEDULER_FLAGS = ["host", "port", "metrics_port", "model", "workers", "policy", "max_num_seqs",
+                   "max_step_tokens", "block_size", "kv_cache_bytes", "max_queue", "batch_size",
+                   "batch_timeout_ms", "batch_window_ms", "drain_timeout_s", "log_level"]
+WORKER_FLAGS = ["host", "port", "metrics_port", "backend", "threads", "log_level"]
+INT_FLAGS = {"port", "metrics_port", "max_num_seqs", "max_step_tokens", "block_size",
+             "kv_cache_bytes", "max_queue", "batch_size", "batch_timeout_ms", "batch_window_ms",
+             "drain_timeout_s", "threads"}
+RECOMMENDED_LABELS = ["app.kubernetes.io/name", "app.kubernetes.io/instance",
+                      "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
+                      "helm.sh/chart"]
+
+
+def coalesce(src, dst):
+    out = dict(dst)
+    for key, value in src.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = coalesce(value, out[key])
+        else:
+            out[key] = value
+    return out
+
+
+class Checker:
+    def __init__(self):
+        self.failures = []
+        self.count = 0
+
+    def expect(self, condition, message):
+        self.count += 1
+        if not condition:
+            self.failures.append(message)
+        return bool(condition)
+
+
+def subset(selector, labels):
+    """True if every key of the selector is in labels with the same value."""
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def parse_args(container):
+    """--name=value arguments -> {name: [values]}."""
+    flags = {}
+    for arg in container.get("args", []):
+        name, _, value = str(arg).lstrip("-").partition("=")
+        flags.setdefault(name, []).append(value)
+    return flags
+
+
+def only(objs, kind, check, what=None):
+    found = [o for o in objs if o.get("kind") == kind]
+    check.expect(len(found) == 1, f"expected exactly one {what or kind}, found {len(found)}")
+    return found[0] if found else None
+
+
+def resource_names(container):
+    res = container.get("resources") or {}
+    return {name: value for part in ("requests", "limits")
+            for name, value in ((res.get(part) or {}).items())}
+
+
+def check_probes(container, grpc_port, who, check):
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        spec = container.get(probe) or {}
+        check.expect(spec.get("grpc", {}).get("port") == grpc_port,
+                     f"{who}: {probe} must be a native gRPC probe on port {grpc_port}, got {spec}")
+        check.expect(not any(k in spec for k in ("httpGet", "tcpSocket", "exec")),
+                     f"{who}: {probe} has a second handler")
+
+
+def container_ports(container):
+    return {p.get("name"): p.get("containerPort") for p in container.get("ports", [])}
+
+
+def check_int_flags(flags, who, check):
+    for name in INT_FLAGS & set(flags):
+        value = flags[name][0]
+        check.expect(value.lstrip("-").isdigit(), f"{who}: --{name}={value} is not an integer")
+
+
+def peers_allowed_on(policy, port):
+    """Ingress peers allowed to reach `port`; None stands for 'any source'."""
+    peers = []
+    for rule in policy["spec"].get("ingress") or []:
+        ports = rule.get("ports")
+        if ports and not any(p.get("port") == port or
+                             (p.get("endPort") and p["port"] <= port <= p["endPort"])
+                             for p in ports):
+            continue
+        if not rule.get("from"):
+            peers.append(None)
+        else:
+            peers.extend(rule["from"])
+    return peers
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("manifests")
+    parser.add_argument("--chart", required=True)
+    parser.add_argument("-f", dest="values", action="append", default=[])
+    parser.add_argument("--namespace", required=True)
+    args = parser.parse_args()
+
+    with open(f"{args.chart}/values.yaml", encoding="utf-8") as f:
+        values = yaml.safe_load(f)
+    for path in args.values:
+        with open(path, encoding="utf-8") as f:
+            values = coalesce(yaml.safe_load(f) or {}, values)
+    with open(args.manifests, encoding="utf-8") as f:
+        objs = [d for d in yaml.safe_load_all(f) if d]
+
+    check = Checker()
+    # The ports are part of Conveyor's contract (clients, probes, dashboards, docs).
+    with open(f"{args.chart}/values.yaml", encoding="utf-8") as f:
+        defaults = yaml.safe_load(f)
+    default_ports = [defaults["scheduler"]["grpcPort"], defaults["scheduler"]["metricsPort"],
+                     defaults["worker"]["grpcPort"], defaults["worker"]["metricsPort"]]
+    check.expect(default_ports == [50051, 9400, 50061, 9401],
+                 f"chart default ports {default_ports} != [50051, 9400, 50061, 9401]")
+    tp = values["tensorParallelSize"]
+    cpu = values["cpuOnly"]["enabled"]
+    sched_v, worker_v = values["scheduler"], values["worker"]
+    gpu_name = worker_v["gpuResourceName"]
+    s_grpc, s_metrics = sched_v["grpcPort"], sched_v["metricsPort"]
+    w_grpc, w_metrics = worker_v["grpcPort"], worker_v["metricsPort"]
+
+    # --- Every object: identity and recommended labels.
+    seen = set()
+    for o in objs:
+        meta = o.get("metadata") or {}
+        key = (o.get("kind"), meta.get("name"))
+        check.expect(o.get("apiVersion") and all(key), f"object without apiVersion/kind/name: {key}")
+        check.expect(key not in seen, f"duplicate object {key}")
+        seen.add(key)
+        labels = meta.get("labels") or {}
+        missing = [label for label in RECOMMENDED_LABELS if label not in labels]
+        check.expect(not missing, f"{key}: missing labels {missing}")
+        check.expect(len(meta.get("name", "")) <= 63, f"{key}: name longer than 63 characters")
+
+    deploy = only(objs, "Deployment", check)
+    sts = only(objs, "StatefulSet", check)
+    services = [o for o in objs if o.get("kind") == "Service"]
+    check.expect(len(services) == 2, f"expected 2 Services, found {len(services)}")
+    headless = [s for s in services if s["spec"].get("clusterIP") == "None"]
+    check.expect(len(headless) == 1, "expected exactly one headless Service (clusterIP: None)")
+    if not (deploy and sts and len(headless) == 1 and len(services) == 2):
+        return report(check)
+    headless = headless[0]
+    sched_svc = next(s for s in services if s is not headless)
+
+    sched_pod = deploy["spec"]["template"]
+    worker_pod = sts["spec"]["template"]
+    sched_labels = sched_pod["metadata"]["labels"]
+    worker_labels = worker_pod["metadata"]["labels"]
+    check.expect(subset(deploy["spec"]["selector"]["matchLabels"], sched_labels),
+                 "Deployment selector does not match its pod template labels")
+    check.expect(subset(sts["spec"]["selector"]["matchLabels"], worker_labels),
+                 "StatefulSet selector does not match its pod template labels")
+    check.expect(not subset(deploy["spec"]["selector"]["matchLabels"], worker_labels),
+                 "the scheduler's selector also selects worker pods")
+    check.expect(not subset(sts["spec"]["selector"]["matchLabels"], sched_labels),
+                 "the workers' selector also selects scheduler pods")
+
+    # --- Scheduler.
+    check.expect(deploy["spec"].get("replicas") == 1, "scheduler replicas must be 1")
+    check.expect(deploy["spec"].get("strategy", {}).get("type") == "Recreate",
+                 "scheduler must use the Recreate strategy (one scheduler per worker group)")
+    containers = sched_pod["spec"]["containers"]
+    check.expect(len(containers) == 1, "scheduler pod must have one container")
+    sc = containers[0]
+    flags = parse_args(sc)
+    check.expect(sorted(flags) == sorted(SCHEDULER_FLAGS),
+                 f"scheduler flags {sorted(flags)} != {sorted(SCHEDULER_FLAGS)}")
+    check.expect(all(len(v) == 1 for v in flags.values()), "a scheduler flag is repeated")
+    check_int_flags(flags, "scheduler", check)
+    first = {k: v[0] for k, v in flags.items()}
+    check.expect(first.get("host") == "0.0.0.0", "scheduler --host must be 0.0.0.0")
+    check.expect(first.get("port") == str(s_grpc),
+                 f"scheduler --port={first.get('port')}, expected {s_grpc}")
+    check.expect(first.get("metrics_port") == str(s_metrics),
+                 f"scheduler --metrics_port={first.get('metrics_port')}, expected {s_metrics}")
+    check.expect(first.get("model") == values["model"]["path"], "scheduler --model != model.path")
+    check.expect(first.get("policy") in ("static", "dynamic", "continuous")
+                 and first.get("policy") == sched_v["policy"], "scheduler --policy")
+    for flag, key in (("max_num_seqs", "maxNumSeqs"), ("max_step_tokens", "maxStepTokens"),
+                      ("block_size", "blockSize"), ("max_queue", "maxQueue"),
+                      ("batch_size", "batchSize"), ("batch_timeout_ms", "batchTimeoutMs"),
+                      ("batch_window_ms", "batchWindowMs"), ("drain_timeout_s", "drainTimeoutS"),
+                      ("log_level", "logLevel")):
+        check.expect(first.get(flag) == str(sched_v[key]),
+                     f"scheduler --{flag}={first.get(flag)} != scheduler.{key}={sched_v[key]}")
+    expected_kv = sched_v["kvCacheBytes"] or (values["cpuOnly"]["kvCacheBytes"] if cpu else 0)
+    check.expect(first.get("kv_cache_bytes") == str(expected_kv),
+                 f"scheduler --kv_cache_bytes={first.get('kv_cache_bytes')}, expected {expected_kv}")
+    check.expect(container_ports(sc) == {"grpc": s_grpc, "metrics": s_metrics},
+                 f"scheduler container ports {container_ports(sc)}")
+    check_probes(sc, s_grpc, "scheduler", check)
+    check.expect(gpu_name not in resource_names(sc), "the scheduler must not request a GPU")
+    grace = sched_pod["spec"].get("terminationGracePeriodSeconds")
+    drain = int(first.get("drain_timeout_s", "0"))
+    check.expect(isinstance(grace, int) and grace > drain,
+                 f"scheduler terminationGracePeriodSeconds={grace} must exceed the drain timeout {drain}")
+
+    # --- Workers: the --workers list, StatefulSet and headless Service agree.
+    sts_name, svc_name = sts["metadata"]["name"], headless["metadata"]["name"]
+    check.expect(sts["spec"].get("serviceName") == svc_name,
+                 f"StatefulSet serviceName {sts['spec'].get('serviceName')} "
+                 f"!= headless Service {svc_name}")
+    check.expect(sts["spec"].get("replicas") == tp,
+                 f"StatefulSet replicas {sts['spec'].get('replicas')} != TP {tp}")
+    check.expect(sts["spec"].get("podManagementPolicy") == "Parallel",
+                 "StatefulSet podManagementPolicy must be Parallel")
+    workers = first.get("workers", "").split(",")
+    expected = [f"{sts_name}-{i}.{svc_name}.{args.namespace}.svc.{values['clusterDomain']}:{w_grpc}"
+                for i in range(tp)]
+    check.expect(workers == expected, f"--workers={workers}, expected {expected}")
+
+    containers = worker_pod["spec"]["containers"]
+    check.expect(len(containers) == 1, "worker pod must have one container")
+    wc = containers[0]
+    wflags = parse_args(wc)
+    check.expect(sorted(wflags) == sorted(WORKER_FLAGS),
+                 f"worker flags {sorted(wflags)} != {sorted(WORKER_FLAGS)}")
+    check_int_flags(wflags, "worker", check)
+    wfirst = {k: v[0] for k, v in wflags.items()}
+    check.expect(wfirst.get("host") == "0.0.0.0", "worker --host must be 0.0.0.0")
+    check.expect(wfirst.get("port") == str(w_grpc), f"worker --port must be {w_grpc}")
+    check.expect(wfirst.get("metrics_port") == str(w_metrics),
+                 f"worker --metrics_port must be {w_metrics}")
+    check.expect(wfirst.get("backend") == ("cpu" if cpu else "cuda"),
+                 f"worker --backend={wfirst.get('backend')} in {'cpu' if cpu else 'gpu'} mode")
+    threads = values["cpuOnly"]["threads"] if cpu else worker_v["threads"]
+    check.expect(wfirst.get("threads") == str(threads), f"worker --threads={wfirst.get('threads')}")
+    check.expect(container_ports(wc) == {"grpc": w_grpc, "metrics": w_metrics},
+                 f"worker container ports {container_ports(wc)}")
+    check_probes(wc, w_grpc, "worker", check)
+    res = wc.get("resources") or {}
+    if cpu:
+        check.expect(gpu_name not in resource_names(wc), "cpuOnly: workers must not request a GPU")
+    else:
+        for part in ("requests", "limits"):
+            got = (res.get(part) or {}).get(gpu_name)
+            check.expect(got == 1, f"worker {part}.{gpu_name} = {got}, expected 1 per pod")
+    env = {e["name"] for e in wc.get("env", [])}
+    check.expect(("NCCL_SOCKET_IFNAME" in env) != cpu, "NCCL env hints belong to GPU mode only")
+    image = wc.get("image", "")
+    check.expect(image.endswith("-cpu") == (cpu and not worker_v["image"]["tag"]),
+                 f"worker image {image} for cpuOnly={cpu}")
+
+    # Volumes: the model read-only at the model path in both pods; /dev/shm in memory.
+    for who, pod, container in (("scheduler", sched_pod, sc), ("worker", worker_pod, wc)):
+        mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+        model_mount = mounts.get(values["model"]["path"])
+        check.expect(model_mount and model_mount.get("readOnly") is True,
+                     f"{who}: model must be mounted read-only at {values['model']['path']}")
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        if model_mount:
+            vol = volumes.get(model_mount["name"], {})
+            kind = values["model"]["volume"]["type"]
+            check.expect(kind in vol, f"{who}: model volume is not a {kind}: {vol}")
+        sec = container.get("securityContext") or {}
+        check.expect(sec.get("allowPrivilegeEscalation") is False and
+                     (pod["spec"].get("securityContext") or {}).get("runAsNonRoot") is True,
+                     f"{who}: must run as non-root without privilege escalation")
+    shm = {m["mountPath"]: m["name"] for m in wc.get("volumeMounts", [])}.get("/dev/shm")
+    shm_vol = next((v for v in worker_pod["spec"]["volumes"] if v["name"] == shm), {})
+    check.expect(shm_vol.get("emptyDir", {}).get("medium") == "Memory",
+                 "worker /dev/shm must be a memory-backed emptyDir")
+    pre_stop = wc.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    sleep = int(pre_stop[-1]) if pre_stop else 0
+    wgrace = worker_pod["spec"].get("terminationGracePeriodSeconds", 30)
+    check.expect(wgrace > sleep, f"worker terminationGracePeriodSeconds={wgrace} <= preStop sleep {sleep}")
+    if worker_v["waitForSchedulerDrain"]:
+        check.expect(sleep >= drain, f"workers must outlive the scheduler's drain ({sleep} < {drain})")
+
+    # --- Services select the right pods, on the right ports.
+    def svc_ports(svc):
+        return {p["name"]: (p["port"], p.get("targetPort")) for p in svc["spec"]["ports"]}
+
+    check.expect(subset(sched_svc["spec"]["selector"], sched_labels) and
+                 not subset(sched_svc["spec"]["selector"], worker_labels),
+                 "scheduler Service does not select exactly the scheduler pods")
+    check.expect(svc_ports(sched_svc) == {"grpc": (s_grpc, "grpc"), "metrics": (s_metrics, "metrics")},
+                 f"scheduler Service ports {svc_ports(sched_svc)}")
+    check.expect(subset(headless["spec"]["selector"], worker_labels) and
+                 not subset(headless["spec"]["selector"], sched_labels),
+                 "headless Service does not select exactly the worker pods")
+    check.expect(svc_ports(headless) == {"grpc": (w_grpc, "grpc"), "metrics": (w_metrics, "metrics")},
+                 f"headless Service ports {svc_ports(headless)}")
+    check.expect(headless["spec"].get("publishNotReadyAddresses") is True,
+                 "headless Service must publish not-ready addresses (ranks resolve before Ready)")
+
+    # --- ServiceMonitor.
+    sms = [o for o in objs if o.get("kind") == "ServiceMonitor"]
+    if values["metrics"]["serviceMonitor"]["enabled"]:
+        check.expect(len(sms) == 1, f"expected one ServiceMonitor, found {len(sms)}")
+        for sm in sms:
+            check.expect(sm["apiVersion"] == "monitoring.coreos.com/v1", "ServiceMonitor apiVersion")
+            sel = sm["spec"]["selector"]
+            for svc in (sched_svc, headless):
+                labels = svc["metadata"]["labels"]
+                ok = subset(sel.get("matchLabels", {}), labels) and all(
+                    (labels.get(e["key"]) in e.get("values", [])) == (e["operator"] == "In")
+                    for e in sel.get("matchExpressions", []))
+                check.expect(ok, f"ServiceMonitor does not select Service {svc['metadata']['name']}")
+                names = {p["name"] for p in svc["spec"]["ports"]}
+                check.expect(all(ep.get("port") in names for ep in sm["spec"]["endpoints"]),
+                             f"ServiceMonitor endpoint port not on {svc['metadata']['name']}")
+            check.expect(args.namespace in sm["spec"].get("namespaceSelector", {}).get("matchNames", []),
+                         "ServiceMonitor must look in the release namespace")
+    else:
+        check.expect(not sms, "ServiceMonitor rendered although disabled")
+
+    # --- NetworkPolicies.
+    policies = [o for o in objs if o.get("kind") == "NetworkPolicy"]
+    if values["networkPolicy"]["enabled"]:
+        monitoring = values["networkPolicy"]["monitoring"]["namespaceSelector"]
+        def selecting(labels):
+            return [p for p in policies
+                    if subset(p["spec"]["podSelector"].get("matchLabels"), labels)]
+
+        worker_np, sched_np = selecting(worker_labels), selecting(sched_labels)
+        check.expect(len(worker_np) == 1 and worker_np[0] not in sched_np,
+                     "expected one NetworkPolicy selecting exactly the worker pods")
+        check.expect(len(sched_np) == 1, "expected one NetworkPolicy selecting the scheduler pods")
+        if worker_np:
+            np = worker_np[0]
+            check.expect("Ingress" in np["spec"].get("policyTypes", []),
+                         "worker policy must restrict Ingress")
+            peers = peers_allowed_on(np, w_grpc)
+            from_scheduler = [p for p in peers if p and set(p) == {"podSelector"} and
+                              p["podSelector"].get("matchLabels") ==
+                              deploy["spec"]["selector"]["matchLabels"] and
+                              subset(p["podSelector"]["matchLabels"], sched_labels) and
+                              not subset(p["podSelector"]["matchLabels"], worker_labels)]
+            check.expect(from_scheduler, f"worker port {w_grpc} is not open to the scheduler pods")
+            for peer in peers:
+                # Besides the scheduler, only the other ranks of the group (collectives).
+                ok = peer is not None and set(peer) == {"podSelector"} and (
+                    subset(peer["podSelector"].get("matchLabels"), sched_labels) or
+                    subset(peer["podSelector"].get("matchLabels"), worker_labels))
+                check.expect(ok, f"worker port {w_grpc} is open to {peer or 'any source'}")
+            for peer in peers_allowed_on(np, w_metrics):
+                ok = peer is not None and (
+                    peer.get("namespaceSelector") == monitoring or
+                    (set(peer) == {"podSelector"} and
+                     subset(peer["podSelector"].get("matchLabels"), worker_labels)))
+                check.expect(ok, f"worker metrics port is open to {peer or 'any source'}")
+            check.expect(any(p and p.get("namespaceSelector") == monitoring
+                             for p in peers_allowed_on(np, w_metrics)),
+                         "worker metrics port is not open to the monitoring namespace")
+        if sched_np:
+            np = sched_np[0]
+            clients = values["networkPolicy"]["clients"]
+            peers = peers_allowed_on(np, s_grpc)
+            check.expect(peers == (clients or [None]),
+                         f"scheduler gRPC port peers {peers}, expected {clients or 'any source'}")
+            check.expect(all(p and p.get("namespaceSelector") == monitoring
+                             for p in peers_allowed_on(np, s_metrics)) and peers_allowed_on(np, s_metrics),
+                         "scheduler metrics port must be open to the monitoring namespace only")
+    else:
+        check.expect(not policies, "NetworkPolicy rendered although disabled")
+
+    # --- Service account.
+    for who, pod in (("scheduler", sched_pod), ("worker", worker_pod)):
+        name = pod["spec"].get("serviceAccountName")
+        if values["serviceAccount"]["create"]:
+            check.expect(("ServiceAccount", name) in seen, f"{who}: ServiceAccount {name} not rendered")
+        check.expect(pod["spec"].get("automountServiceAccountToken") is False,
+                     f"{who}: the API token should not be mounted")
+
+    return report(check)
+
+
+def report(check):
+    for failure in check.failures:
+        print(f"FAIL {failure}")
+    print(f"{check.count - len(check.failures)}/{check.count} manifest checks passed")
+    return 1 if check.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+#!/usr/bin/python3
+"""Tests the testers: breaks a good rendering (or the dashboard) in ways the checkers must
+catch, one mutation at a time, and fails if a checker still passes.
+
+    self_test.py manifests GOOD.yaml --chart DIR [-f VALUES]... --namespace NS
+    self_test.py dashboard GOOD.json [--metrics-doc docs/metrics.md]
+"""
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def first(objs, kind):
+    return next(o for o in objs if o["kind"] == kind)
+
+
+def worker_container(objs):
+    return first(objs, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+
+
+def scheduler_container(objs):
+    return first(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def worker_policy(objs):
+    sts_labels = first(objs, "StatefulSet")["spec"]["selector"]["matchLabels"]
+    return next(o for o in objs if o["kind"] == "NetworkPolicy"
+                and o["spec"]["podSelector"]["matchLabels"] == sts_labels)
+
+
+def set_arg(container, flag, value):
+    container["args"] = [f"--{flag}={value}" if a.startswith(f"--{flag}=") else a
+                         for a in container["args"]]
+
+
+def m_np_from_other_pods(objs):
+    peer = worker_policy(objs)["spec"]["ingress"][0]["from"][0]
+    peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] = "client"
+
+
+def m_np_open_to_all(objs):
+    del worker_policy(objs)["spec"]["ingress"][0]["from"]
+
+
+def m_np_namespace_peer(objs):
+    worker_policy(objs)["spec"]["ingress"][0]["from"].append(
+        {"namespaceSelector": {"matchLabels": {"team": "other"}}})
+
+
+def m_no_gpu_limit(objs):
+    worker_container(objs)["resources"]["limits"].pop("nvidia.com/gpu", None)
+
+
+def m_two_gpus(objs):
+    worker_container(objs)["resources"].setdefault("requests", {})["nvidia.com/gpu"] = 2
+
+
+def m_gpu_in_cpu_mode(objs):
+    worker_container(objs)["resources"].setdefault("limits", {})["nvidia.com/gpu"] = 1
+
+
+def m_wrong_worker_name(objs):
+    c = scheduler_container(objs)
+    workers = next(a for a in c["args"] if a.startswith("--workers="))
+    set_arg(c, "workers", workers.split("=", 1)[1].replace("-worker-0.", "-workers-0."))
+
+
+def m_missing_rank(objs):
+    first(objs, "StatefulSet")["spec"]["replicas"] += 1
+
+
+def m_short_grace(objs):
+    drain = next(a for a in scheduler_container(objs)["args"] if a.startswith("--drain_timeout_s="))
+    pod = first(objs, "Deployment")["spec"]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = int(drain.split("=", 1)[1])
+
+
+def m_http_probe(objs):
+    worker_container(objs)["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": 9401}}
+
+
+def m_not_headless(objs):
+    for svc in objs:
+        if svc["kind"] == "Service" and svc["spec"].get("clusterIP") == "None":
+            del svc["spec"]["clusterIP"]
+
+
+def m_sm_port(objs):
+    first(objs, "ServiceMonitor")["spec"]["endpoints"][0]["port"] = "http"
+
+
+def m_missing_flag(objs):
+    c = scheduler_container(objs)
+    c["args"] = [a for a in c["args"] if not a.startswith("--max_queue=")]
+
+
+def m_float_flag(objs):
+    set_arg(scheduler_container(objs), "kv_cache_bytes", "8.589934592e+09")
+
+
+def m_wrong_backend(objs):
+    c = worker_container(objs)
+    backend = next(a for a in c["args"] if a.startswith("--backend="))
+    set_arg(c, "backend", "cpu" if backend.endswith("cuda") else "cuda")
+
+
+# name: (mutation, applies to: np/sm/gpu/cpu renderings or all, text the failure must contain)
+MANIFEST_MUTATIONS = {
+    "worker NetworkPolicy admits other pods": (m_np_from_other_pods, "np", "is open to"),
+    "worker NetworkPolicy open to all": (m_np_open_to_all, "np", "any source"),
+    "worker NetworkPolicy admits a namespace": (m_np_namespace_peer, "np", "is open to"),
+    "no GPU limit": (m_no_gpu_limit, "gpu", "limits.nvidia.com/gpu"),
+    "two GPUs per rank": (m_two_gpus, "gpu", "requests.nvidia.com/gpu"),
+    "GPU requested in CPU mode": (m_gpu_in_cpu_mode, "cpu", "must not request a GPU"),
+    "--workers names the wrong service": (m_wrong_worker_name, None, "--workers="),
+    "replicas != TP": (m_missing_rank, None, "replicas"),
+    "grace period <= drain": (m_short_grace, None, "terminationGracePeriodSeconds"),
+    "HTTP probe instead of gRPC": (m_http_probe, None, "native gRPC probe"),
+    "worker Service not headless": (m_not_headless, None, "headless"),
+    "ServiceMonitor on a missing port": (m_sm_port, "sm", "endpoint port"),
+    "scheduler flag missing": (m_missing_flag, None, "scheduler flags"),
+    "flag rendered as a float": (m_float_flag, None, "not an integer"),
+    "wrong worker backend": (m_wrong_backend, None, "--backend="),
+}
+
+
+def d_unknown_metric(d):
+    t = d["panels"][1]["targets"][0]
+    t["expr"] = t["expr"].replace("conveyor_generated_tokens_total", "conveyor_output_tokens_total")
+
+
+def d_histogram_without_suffix(d):
+    for p in d["panels"]:
+        for t in p.get("targets", []):
+            t["expr"] = t["expr"].replace("conveyor_time_to_first_token_seconds_bucket",
+                                          "conveyor_time_to_first_token_seconds")
+
+
+def d_counter_as_histogram(d):
+    d["panels"][1]["targets"][0]["expr"] = (
+        "histogram_quantile(0.5, sum by (le) (rate(conveyor_generated_tokens_total_bucket[5m])))")
+
+
+def d_policy_on_worker_metric(d):
+    for p in d["panels"]:
+        for t in p.get("targets", []):
+            t["expr"] = t["expr"].replace('conveyor_worker_steps_total{model=~"$model"}',
+                                          'conveyor_worker_steps_total{model=~"$model", policy=~"$policy"}')
+
+
+def d_group_by_missing_label(d):
+    for p in d["panels"]:
+        for t in p.get("targets", []):
+            t["expr"] = t["expr"].replace("sum by (reason)", "sum by (status)")
+
+
+def d_fixed_datasource(d):
+    d["panels"][1]["datasource"] = {"type": "prometheus", "uid": "P1809F7CD0C75ACF3"}
+
+
+def d_no_policy_variable(d):
+    d["templating"]["list"] = [v for v in d["templating"]["list"] if v["name"] != "policy"]
+
+
+def d_metric_not_shown(d):
+    def keep(p):
+        return not any("conveyor_preemptions_total" in t["expr"] for t in p.get("targets", []))
+    d["panels"] = [p for p in d["panels"] if keep(p)]
+
+
+DASHBOARD_MUTATIONS = {
+    "unknown metric": (d_unknown_metric, "conveyor_output_tokens_total is not exported"),
+    "histogram without _bucket": (d_histogram_without_suffix,
+                                  "conveyor_time_to_first_token_seconds is not exported"),
+    "counter used as histogram": (d_counter_as_histogram,
+                                  "conveyor_generated_tokens_total_bucket is not exported"),
+    "policy label on a worker metric": (d_policy_on_worker_metric, "has no label 'policy'"),
+    "grouping by a label nobody has": (d_group_by_missing_label, "groups by 'status'"),
+    "fixed data source": (d_fixed_datasource, "does not use the ${datasource} variable"),
+    "no policy variable": (d_no_policy_variable, "no `policy` query variable"),
+    "documented metric on no panel": (d_metric_not_shown, "conveyor_preemptions_total"),
+}
+
+
+def fails(cmd, expected=None):
+    """True if the command fails (and, given `expected`, says so in its output)."""
+    run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return run.returncode != 0 and (expected is None or expected in run.stdout)
+
+
+def run_manifests(args):
+    with open(args.good, encoding="utf-8") as f:
+        good = [d for d in yaml.safe_load_all(f) if d]
+    kinds = {o["kind"] for o in good}
+    cpu = any("--backend=cpu" in a for a in worker_container(good)["args"])
+    checker = [sys.executable, os.path.join(HERE, "check_manifests.py"), "--chart", args.chart,
+               "--namespace", args.namespace] + [x for v in args.values for x in ("-f", v)]
+    if fails(checker + [args.good]):
+        print(f"MISSED the good rendering {args.good} already fails the checker")
+        return 1
+    missed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (mutate, needs, expected) in MANIFEST_MUTATIONS.items():
+            if ((needs == "np" and "NetworkPolicy" not in kinds) or
+                    (needs == "sm" and "ServiceMonitor" not in kinds) or
+                    (needs == "gpu" and cpu) or (needs == "cpu" and not cpu)):
+                continue
+            objs = copy.deepcopy(good)
+            mutate(objs)
+            path = os.path.join(tmp, "mutated.yaml")
+            with open(path, "w", encoding="utf-8") as f:
+                yaml.safe_dump_all(objs, f)
+            caught = fails(checker + [path], expected)
+            missed += not caught
+            print(f"{'caught' if caught else 'MISSED'}: {name}")
+    return 1 if missed else 0
+
+
+def run_dashboard(args):
+    with open(args.good, encoding="utf-8") as f:
+        good = json.load(f)
+    checker = [sys.executable, os.path.join(HERE, "check_dashboard.py"),
+               "--metrics-doc", args.metrics_doc]
+    if fails(checker + [args.good]):
+        print(f"MISSED the good dashboard {args.good} already fails the checker")
+        return 1
+    missed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (mutate, expected) in DASHBOARD_MUTATIONS.items():
+            d = copy.deepcopy(good)
+            mutate(d)
+            path = os.path.join(tmp, "mutated.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(d, f)
+            caught = fails(checker + [path], expected)
+            missed += not caught
+            print(f"{'caught' if caught else 'MISSED'}: {name}")
+        path = os.path.join(tmp, "broken.json")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(good)[:-1])
+        caught = fails(checker + [path])
+        missed += not caught
+        print(f"{'caught' if caught else 'MISSED'}: truncated JSON")
+    return 1 if missed else 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    m = sub.add_parser("manifests")
+    m.add_argument("good")
+    m.add_argument("--chart", required=True)
+    m.add_argument("-f", dest="values", action="append", default=[])
+    m.add_argument("--namespace", required=True)
+    d = sub.add_parser("dashboard")
+    d.add_argument("good")
+    d.add_argument("--metrics-doc", default="docs/metrics.md")
+    args = parser.parse_args()
+    return run_manifests(args) if args.what == "manifests" else run_dashboard(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

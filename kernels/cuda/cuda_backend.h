@@ -1,0 +1,69 @@
+// The CUDA backend: activations, KV cache and weights in device memory in a 16-bit
+// compute dtype (bf16 by default, fp16 on request), float32 accumulation in every
+// kernel, GEMMs through cuBLASLt, everything else in this folder's own kernels. All
+// work is queued on one stream the backend owns.
+//
+// Errors. The Backend operations return nothing, so the backend records the first
+// failure of any call (a bad launch, an unsupported shape, a cuBLAS error, a fault
+// seen at Synchronize) and keeps it: read it with last_error() after Synchronize().
+// Allocate, PackLinear and the uploads return their errors directly.
+//
+// Copies. CopyToBackend's source may be reused as soon as it returns (small copies are
+// staged through a pinned ring, large ones copied by the driver from pageable memory;
+// a pinned source of the caller's own must stay untouched until Synchronize()).
+// CopyActivationsToHost's destination is complete after Synchronize(). Uploads and
+// PackLinear finish before they return.
+//
+// Batch invariance: every kernel here computes a token's result in an order that
+// depends only on that token's data (attention always splits a context into fixed
+// 512-position partitions and merges them in order). The GEMMs are cuBLASLt's, whose
+// algorithm, and so rounding, may change with the number of rows: the CUDA backend
+// as a whole is NOT batch invariant.
+//
+// This header needs no CUDA headers, so plain C++ code (the worker, tests) can use it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace conveyor::kernels {
+
+enum class CudaComputeDtype { kBf16, kFp16 };
+
+struct CudaBackendOptions {
+  CudaComputeDtype dtype = CudaComputeDtype::kBf16;
+  // Device scratch, allocated once: split-KV attention partials and float32 staging for
+  // conversions. Larger lets more tokens share one attention launch.
+  size_t scratch_bytes = size_t{128} << 20;
+  // cuBLASLt workspace (NVIDIA suggests 32 MiB on Hopper).
+  size_t gemm_workspace_bytes = size_t{32} << 20;
+  // Pinned host ring that CopyToBackend stages through, so metadata copies stay async.
+  size_t pinned_staging_bytes = size_t{4} << 20;
+};
+
+class CudaBackend : public Backend {
+ public:
+  // The first error any call hit since the backend was made (OK if none). Sticky:
+  // a device fault leaves the CUDA context unusable, so the backend must be rebuilt.
+  virtual absl::Status last_error() const = 0;
+  // The CUDA device ordinal the backend runs on.
+  virtual int device() const = 0;
+};
+
+// Makes a backend on CUDA device `device`. Fails (never crashes) when there is no
+// usable driver or device, or when the device's memory cannot hold the scratch.
+absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(
+    int device, const CudaBackendOptions& options = CudaBackendOptions());
+
+// Number of usable CUDA devices; 0 (not an error) without a driver or a GPU.
+int CudaDeviceCount();
+
+// Free memory on `device` in bytes, for sizing the KV cache after the weights are
+// loaded. Makes `device` current on the calling thread.
+absl::StatusOr<size_t> FreeDeviceMemoryBytes(int device = 0);
+
+}  // namespace conveyor::kernels

@@ -1,0 +1,392 @@
+// The scheduler loop with the real model underneath, in one process: the executor is
+// the worker's StepEngine on the tiny test checkpoint (no sockets). Covers outputs under
+// every policy against the same request run alone, preemption, prefix caching,
+// cancellation, stop conditions, queue bounds, deadlines and worker failures.
+#include "scheduler/engine.h"
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/request_builder.h"
+#include "tests/support/test_support.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+using namespace std::chrono_literals;
+using ::conveyor::testing::LocalWorker;
+using ::conveyor::testing::TestModelDir;
+
+constexpr int kBlockSize = 4;
+
+// Runs steps on an in-process worker; can be told to fail.
+class LocalExecutor final : public StepExecutor {
+ public:
+  explicit LocalExecutor(worker::StepEngine* engine) : engine_(engine) {}
+  absl::StatusOr<worker::v1::StepResponse> Step(const worker::v1::StepRequest& r) override {
+    if (fail_.load()) return absl::UnavailableError("worker rank 0 is gone");
+    worker::v1::StepResponse response;
+    absl::Status status = engine_->Step(r, &response);
+    if (!status.ok()) return status;
+    return response;
+  }
+  std::atomic<bool> fail_{false};
+
+ private:
+  worker::StepEngine* engine_;
+};
+
+// Whether `s` is well-formed UTF-8 (what a proto3 string must hold).
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    const int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    if (extra < 0 || i + extra >= s.size() + (extra == 0 ? 1 : 0)) return false;
+    for (int k = 1; k <= extra; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
+// Records one request's stream.
+class RecordingSink final : public ResponseSink {
+ public:
+  void Send(v1::GenerateResponse message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_TRUE(IsValidUtf8(message.text())) << "invalid UTF-8 in a streamed message";
+    for (const auto& lp : message.logprobs()) {
+      EXPECT_TRUE(IsValidUtf8(lp.token().text())) << "invalid UTF-8 in a logprob's text";
+    }
+    for (int id : message.token_ids()) tokens_.push_back(id);
+    text_ += message.text();
+    if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last_ = message;
+    ++messages_;
+  }
+  void Finish(const absl::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_FALSE(finished_) << "Finish called twice";
+    status_ = status;
+    finished_ = true;
+    cv_.notify_all();
+  }
+  bool WaitDone(std::chrono::seconds timeout = 60s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return finished_; });
+  }
+  int messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return messages_;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> tokens_;
+  std::string text_;
+  v1::GenerateResponse last_;
+  absl::Status status_;
+  bool finished_ = false;
+  int messages_ = 0;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  // A fresh worker + engine with `num_blocks` KV blocks.
+  void Start(const std::string& policy, int num_blocks, int max_num_seqs = 16,
+             int max_step_tokens = 64, int max_queue = 1024) {
+    engine_.reset();
+    worker_ = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, num_blocks, kBlockSize);
+    ASSERT_NE(worker_, nullptr);
+    executor_ = std::make_unique<LocalExecutor>(worker_->engine.get());
+    auto tokenizer = Tokenizer::Load(TestModelDir("llama3_gqa"));
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = std::move(*tokenizer);
+    const ModelConfig& c = worker_->model->config();
+    limits_.vocab_size = c.vocab_size;
+    limits_.max_context_tokens = c.max_context_tokens;
+    limits_.kv_capacity_tokens = num_blocks * kBlockSize;
+    limits_.eos_token_ids = c.eos_token_ids;
+    limits_.bos_token_id = c.bos_token_id;
+    PolicyOptions options;
+    options.name = policy;
+    options.limits = {max_num_seqs, max_step_tokens};
+    options.batch_size = 4;
+    options.batch_timeout_ms = 5;
+    options.batch_window_ms = 2;
+    Engine::Options engine_options;
+    engine_options.num_kv_blocks = num_blocks;
+    engine_options.block_size = kBlockSize;
+    engine_options.max_queue = max_queue;
+    engine_options.max_context_tokens = c.max_context_tokens;
+    engine_ = std::make_unique<Engine>(engine_options, *MakePolicy(options), executor_.get(),
+                                       tokenizer_.get(), nullptr);
+  }
+
+  // Builds and submits a greedy request over token ids; returns its sink.
+  std::shared_ptr<RecordingSink> Submit(std::vector<int32_t> prompt, int max_new,
+                                        std::function<void(v1::GenerateRequest&)> edit = {}) {
+    v1::GenerateRequest proto;
+    proto.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+    proto.set_max_new_tokens(max_new);
+    proto.set_temperature(0);
+    proto.set_ignore_eos(true);
+    if (edit) edit(proto);
+    auto built = BuildRequest(proto, limits_, *tokenizer_);
+    EXPECT_TRUE(built.ok()) << built.status();
+    auto sink = std::make_shared<RecordingSink>();
+    (*built)->sink = sink;
+    last_id_ = engine_->Submit(std::move(*built));
+    EXPECT_TRUE(last_id_.ok()) << last_id_.status();
+    return sink;
+  }
+
+  // Requests with prompts of mixed lengths (some sharing nothing, ids 3..vocab).
+  std::vector<std::pair<std::vector<int32_t>, int>> MixedRequests(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<std::pair<std::vector<int32_t>, int>> out;
+    for (int i = 0; i < n; ++i) {
+      std::vector<int32_t> prompt(1 + rng() % 30);
+      for (int32_t& t : prompt) t = 3 + rng() % (limits_.vocab_size - 3);
+      out.emplace_back(prompt, 1 + rng() % 20);
+    }
+    return out;
+  }
+
+  // The greedy tokens of each request when run alone on a fresh engine.
+  std::vector<std::vector<int>> RunAlone(
+      const std::vector<std::pair<std::vector<int32_t>, int>>& requests) {
+    std::vector<std::vector<int>> out;
+    for (const auto& [prompt, max_new] : requests) {
+      Start("continuous", 256);
+      engine_->Start();
+      auto sink = Submit(prompt, max_new);
+      EXPECT_TRUE(sink->WaitDone());
+      out.push_back(sink->tokens_);
+    }
+    return out;
+  }
+
+  std::unique_ptr<LocalWorker> worker_;
+  std::unique_ptr<LocalExecutor> executor_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ServingLimits limits_;
+  std::unique_ptr<Engine> engine_;  // Destroyed first: it uses everything above.
+  absl::StatusOr<uint64_t> last_id_;
+};
+
+// Every policy, a small KV cache that forces preemption, and concurrency all give the
+// tokens the request gives alone.
+TEST_F(EngineTest, EveryPolicyGivesTheSameGreedyTokensAsAlone) {
+  Start("continuous", 256);
+  const auto requests = MixedRequests(12, 1);
+  const std::vector<std::vector<int>> alone = RunAlone(requests);
+  struct Case {
+    const char* policy;
+    int num_blocks;
+  };
+  for (const Case& c : {Case{"continuous", 256}, Case{"static", 256}, Case{"dynamic", 256},
+                        Case{"continuous", 24}}) {
+    SCOPED_TRACE(::testing::Message() << c.policy << " with " << c.num_blocks << " blocks");
+    Start(c.policy, c.num_blocks);
+    engine_->Start();
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (const auto& [prompt, max_new] : requests) sinks.push_back(Submit(prompt, max_new));
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      ASSERT_TRUE(sinks[i]->WaitDone());
+      EXPECT_TRUE(sinks[i]->status_.ok()) << sinks[i]->status_;
+      EXPECT_EQ(sinks[i]->tokens_, alone[i]) << "request " << i;
+      EXPECT_EQ(sinks[i]->last_.finish_reason(), v1::FINISH_REASON_LENGTH);
+    }
+    const Engine::Stats stats = engine_->stats();
+    if (c.num_blocks == 24) {
+      EXPECT_GT(stats.preemptions, 0u) << "the small cache should force preemption";
+    }
+    if (std::string(c.policy) != "continuous") {
+      EXPECT_GT(stats.wasted_slot_steps, 0u) << "run-to-completion batches hold finished slots";
+    }
+    engine_.reset();  // Joins the loop; then every block must be free.
+  }
+}
+
+TEST_F(EngineTest, RepeatedPrefixIsServedFromTheCache) {
+  Start("continuous", 256);
+  engine_->Start();
+  std::vector<int32_t> prompt(37);
+  for (int i = 0; i < 37; ++i) prompt[i] = 3 + (i * 7) % 300;
+  auto first = Submit(prompt, 8);
+  ASSERT_TRUE(first->WaitDone());
+  const uint64_t prefill_before = engine_->stats().prefill_tokens;
+  auto second = Submit(prompt, 8);
+  ASSERT_TRUE(second->WaitDone());
+  EXPECT_EQ(second->tokens_, first->tokens_);
+  EXPECT_EQ(first->last_.usage().cached_prompt_tokens(), 0);
+  EXPECT_EQ(second->last_.usage().cached_prompt_tokens(), 36);  // 9 full blocks of 4.
+  EXPECT_EQ(engine_->stats().prefill_tokens - prefill_before, 1u);
+}
+
+TEST_F(EngineTest, CancellingHalfTheRequestsFreesEveryBlock) {
+  Start("continuous", 256);
+  engine_->Start();
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    sinks.push_back(Submit({1, 5, 9, static_cast<int32_t>(10 + i)}, 200));
+    ids.push_back(*last_id_);
+  }
+  for (auto& sink : sinks) {
+    while (sink->messages() < 3) std::this_thread::sleep_for(1ms);
+  }
+  for (int i = 0; i < 8; i += 2) engine_->Cancel(ids[i]);
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(sinks[i]->WaitDone());
+    if (i % 2 == 0) {
+      EXPECT_EQ(sinks[i]->status_.code(), absl::StatusCode::kCancelled);
+      EXPECT_LT(sinks[i]->tokens_.size(), 200u);
+    } else {
+      EXPECT_TRUE(sinks[i]->status_.ok());
+      EXPECT_EQ(sinks[i]->tokens_.size(), 200u);
+    }
+  }
+  std::this_thread::sleep_for(20ms);  // One more loop iteration publishes the stats.
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+  EXPECT_EQ(engine_->num_live_requests(), 0);
+}
+
+TEST_F(EngineTest, StopsAtStopStringsStopTokensAndEos) {
+  Start("continuous", 256);
+  engine_->Start();
+  // Learn what the model says, then stop on a piece of it.
+  auto probe = Submit({1, 40, 41, 42}, 24);
+  ASSERT_TRUE(probe->WaitDone());
+  ASSERT_GE(probe->text_.size(), 6u);
+  const std::string stop = probe->text_.substr(3, 2);
+  auto stopped = Submit({1, 40, 41, 42}, 24, [&](v1::GenerateRequest& r) { r.add_stop(stop); });
+  ASSERT_TRUE(stopped->WaitDone());
+  EXPECT_EQ(stopped->last_.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped->text_, probe->text_.substr(0, probe->text_.find(stop)));
+
+  const int fifth = probe->tokens_[4];
+  auto by_token = Submit({1, 40, 41, 42}, 24,
+                         [&](v1::GenerateRequest& r) { r.add_stop_token_ids(fifth); });
+  ASSERT_TRUE(by_token->WaitDone());
+  EXPECT_EQ(by_token->last_.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(by_token->tokens_.back(), fifth);
+  EXPECT_LE(by_token->tokens_.size(), 5u);
+
+  limits_.eos_token_ids = {fifth};  // Pretend that token is the model's EOS.
+  auto by_eos = Submit({1, 40, 41, 42}, 24, [&](v1::GenerateRequest& r) {
+    r.set_ignore_eos(false);
+  });
+  ASSERT_TRUE(by_eos->WaitDone());
+  EXPECT_EQ(by_eos->last_.finish_reason(), v1::FINISH_REASON_EOS);
+  EXPECT_EQ(by_eos->last_.usage().generated_tokens(), static_cast<int>(by_eos->tokens_.size()));
+}
+
+// Token-id prompts may end inside a character and outputs may be stray bytes: every
+// streamed text must still be well-formed UTF-8 (the sink checks each message).
+TEST_F(EngineTest, StreamedTextIsAlwaysValidUtf8) {
+  Start("continuous", 512);
+  engine_->Start();
+  std::mt19937 rng(9);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 40; ++i) {
+    std::vector<int32_t> prompt(1 + rng() % 6);
+    for (int32_t& t : prompt) t = 3 + rng() % 256;  // The byte-fallback pieces.
+    sinks.push_back(Submit(prompt, 12, [&](v1::GenerateRequest& r) {
+      r.set_temperature(1.5f);
+      r.set_seed(i);
+      r.set_logprobs(2);
+    }));
+  }
+  for (auto& sink : sinks) {
+    ASSERT_TRUE(sink->WaitDone());
+    EXPECT_TRUE(sink->status_.ok());
+  }
+}
+
+TEST_F(EngineTest, SeededSamplingRepeatsAndLogprobsArrive) {
+  Start("continuous", 256);
+  engine_->Start();
+  auto sampled = [&](uint64_t seed) {
+    return Submit({1, 17, 18}, 16, [&](v1::GenerateRequest& r) {
+      r.set_temperature(0.9f);
+      r.set_top_p(0.95f);
+      r.set_seed(seed);
+      r.set_logprobs(3);
+    });
+  };
+  auto a = sampled(11), b = sampled(11), c = sampled(12);
+  ASSERT_TRUE(a->WaitDone() && b->WaitDone() && c->WaitDone());
+  EXPECT_EQ(a->tokens_, b->tokens_);
+  EXPECT_NE(a->tokens_, c->tokens_);
+  EXPECT_EQ(a->last_.logprobs_size(), 1);
+  EXPECT_EQ(a->last_.logprobs(0).top_size(), 3);
+}
+
+TEST_F(EngineTest, FullQueueIsResourceExhaustedAndDrainIsUnavailable) {
+  Start("continuous", 256, 16, 64, /*max_queue=*/2);  // Loop not started: nothing drains.
+  Submit({1, 2, 3}, 4);
+  Submit({1, 2, 3}, 4);
+  v1::GenerateRequest proto;
+  proto.mutable_token_ids()->add_ids(5);
+  auto built = BuildRequest(proto, limits_, *tokenizer_);
+  ASSERT_TRUE(built.ok());
+  (*built)->sink = std::make_shared<RecordingSink>();
+  EXPECT_EQ(engine_->Submit(std::move(*built)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  engine_->StartDrain();
+  built = BuildRequest(proto, limits_, *tokenizer_);
+  (*built)->sink = std::make_shared<RecordingSink>();
+  EXPECT_EQ(engine_->Submit(std::move(*built)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(EngineTest, DeadlinesAndWorkerFailuresEndRequestsWithAStatus) {
+  Start("continuous", 256);
+  engine_->Start();
+  v1::GenerateRequest proto;
+  proto.mutable_token_ids()->add_ids(5);
+  proto.set_max_new_tokens(1000);
+  auto built = BuildRequest(proto, limits_, *tokenizer_);
+  ASSERT_TRUE(built.ok());
+  auto late = std::make_shared<RecordingSink>();
+  (*built)->sink = late;
+  (*built)->deadline = Clock::now() + 30ms;
+  ASSERT_TRUE(engine_->Submit(std::move(*built)).ok());
+  ASSERT_TRUE(late->WaitDone());
+  EXPECT_EQ(late->status_.code(), absl::StatusCode::kDeadlineExceeded);
+
+  auto running = Submit({1, 2, 3}, 1000);
+  while (running->messages() < 2) std::this_thread::sleep_for(1ms);
+  executor_->fail_ = true;
+  ASSERT_TRUE(running->WaitDone());
+  EXPECT_EQ(running->status_.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(running->status_.message()), ::testing::HasSubstr("worker"));
+
+  // Once the worker is back, the next request runs (the first step resets the worker).
+  executor_->fail_ = false;
+  auto after = Submit({1, 2, 3}, 5);
+  ASSERT_TRUE(after->WaitDone());
+  EXPECT_TRUE(after->status_.ok()) << after->status_;
+  EXPECT_EQ(after->tokens_.size(), 5u);
+}
+
+TEST_F(EngineTest, StoppingEndsEveryLiveRequest) {
+  Start("static", 256);
+  engine_->Start();
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (int i = 0; i < 3; ++i) sinks.push_back(Submit({1, 2, 3}, 1000));  // Batch not full.
+  engine_->Stop(absl::UnavailableError("shutting down"));
+  for (auto& sink : sinks) {
+    ASSERT_TRUE(sink->WaitDone(1s));
+    EXPECT_EQ(sink->status_.code(), absl::StatusCode::kUnavailable);
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::scheduler

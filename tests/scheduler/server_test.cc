@@ -1,0 +1,302 @@
+// Real conveyor-scheduler and conveyor-worker processes on loopback, driven through the
+// client API: concurrency, the three policies against requests run alone, preemption,
+// prefix caching, cancellation, every error status, and a worker that dies mid-stream.
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "conveyor.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/subprocess.h"
+#include "tests/support/test_support.h"
+
+namespace conveyor::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+// What one Generate call returned.
+struct Stream {
+  std::vector<int> tokens;
+  std::string text;
+  v1::GenerateResponse last;
+  grpc::Status status;
+};
+
+// A worker and a scheduler serving the tiny test model.
+class Server {
+ public:
+  // Starts both; `flags` go to the scheduler. Fails the test if they do not come up.
+  explicit Server(std::vector<std::string> flags, bool start_worker = true) {
+    std::string workers = "127.0.0.1:" + std::to_string(FreePort());  // Nobody there.
+    if (start_worker) {
+      auto worker = Subprocess::Start(
+          {WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=2"});
+      EXPECT_TRUE(worker.has_value());
+      worker_.emplace(std::move(*worker));
+      const auto line = worker_->WaitForLine("listening on", 30s);
+      EXPECT_TRUE(line.has_value());
+      workers = "127.0.0.1:" + std::to_string(PortFromListeningLine(line.value_or("")));
+      worker_->DrainStdout();
+    }
+    metrics_port_ = FreePort();
+    std::vector<std::string> argv = {SchedulerBinary(),
+                                     "--port=0",
+                                     "--metrics_port=" + std::to_string(metrics_port_),
+                                     "--model=" + TestModelDir("llama3_gqa"),
+                                     "--workers=" + workers,
+                                     "--block_size=4"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto scheduler = Subprocess::Start(argv);
+    EXPECT_TRUE(scheduler.has_value());
+    scheduler_.emplace(std::move(*scheduler));
+    const auto line = scheduler_->WaitForLine("listening on", 30s);
+    EXPECT_TRUE(line.has_value());
+    scheduler_->DrainStdout();
+    stub_ = v1::Conveyor::NewStub(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(PortFromListeningLine(*line)),
+                            grpc::InsecureChannelCredentials()));
+  }
+
+  // Waits until the workers are initialised (GetModelInfo stops being UNAVAILABLE).
+  bool WaitReady() {
+    for (int i = 0; i < 300; ++i) {
+      grpc::ClientContext context;
+      v1::ModelInfoRequest request;
+      v1::ModelInfoResponse info;
+      if (stub_->GetModelInfo(&context, request, &info).ok()) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return false;
+  }
+
+  Stream Generate(const v1::GenerateRequest& request,
+                  std::chrono::milliseconds timeout = 120s,
+                  std::function<bool(const Stream&)> cancel_when = {}) {
+    Stream s;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + timeout);
+    auto reader = stub_->Generate(&context, request);
+    v1::GenerateResponse response;
+    while (reader->Read(&response)) {
+      s.tokens.insert(s.tokens.end(), response.token_ids().begin(), response.token_ids().end());
+      s.text += response.text();
+      if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) s.last = response;
+      if (cancel_when && cancel_when(s)) context.TryCancel();
+    }
+    s.status = reader->Finish();
+    return s;
+  }
+
+  // The value of a metric line (first match of `name` with its labels), or -1.
+  double Metric(const std::string& name) {
+    const auto page = HttpGet(metrics_port_, "/metrics");
+    if (!page) return -1;
+    const std::regex line("^" + name + "(\\{[^}]*\\})? ([0-9.e+-]+)$", std::regex::multiline);
+    std::smatch m;
+    if (!std::regex_search(*page, m, line)) return -1;
+    return std::stod(m[2]);
+  }
+
+  Subprocess& worker() { return *worker_; }
+
+ private:
+  std::optional<Subprocess> worker_;
+  std::optional<Subprocess> scheduler_;
+  std::unique_ptr<v1::Conveyor::Stub> stub_;
+  int metrics_port_ = 0;
+};
+
+v1::GenerateRequest Greedy(std::vector<int32_t> prompt, int max_new) {
+  v1::GenerateRequest r;
+  r.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  r.set_max_new_tokens(max_new);
+  r.set_temperature(0);
+  r.set_ignore_eos(true);
+  return r;
+}
+
+std::vector<v1::GenerateRequest> MixedRequests(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<v1::GenerateRequest> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> prompt(1 + rng() % 40);
+    for (int32_t& t : prompt) t = 3 + rng() % 500;
+    out.push_back(Greedy(prompt, 1 + rng() % 24));
+  }
+  return out;
+}
+
+// Runs all requests at once, one client thread each.
+std::vector<Stream> RunConcurrently(Server& server, const std::vector<v1::GenerateRequest>& rs) {
+  std::vector<Stream> out(rs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = server.Generate(rs[i]); });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+TEST(ServerTest, SixtyFourConcurrentStreamsFinishAndEveryPolicyMatchesAlone) {
+  const std::vector<v1::GenerateRequest> requests = MixedRequests(64, 3);
+  std::vector<Stream> alone;
+  {
+    Server server({"--policy=continuous"});
+    ASSERT_TRUE(server.WaitReady());
+    for (const auto& r : requests) alone.push_back(server.Generate(r));
+  }
+  for (const char* policy : {"continuous", "static", "dynamic"}) {
+    SCOPED_TRACE(policy);
+    Server server({std::string("--policy=") + policy, "--max_num_seqs=16", "--batch_size=8",
+                   "--batch_timeout_ms=20"});
+    ASSERT_TRUE(server.WaitReady());
+    const std::vector<Stream> streams = RunConcurrently(server, requests);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_TRUE(streams[i].status.ok()) << i << ": " << streams[i].status.error_message();
+      EXPECT_EQ(streams[i].tokens, alone[i].tokens) << "request " << i;
+      EXPECT_EQ(streams[i].last.finish_reason(), v1::FINISH_REASON_LENGTH);
+      EXPECT_EQ(streams[i].last.usage().generated_tokens(),
+                static_cast<int>(streams[i].tokens.size()));
+    }
+    EXPECT_EQ(server.Metric("conveyor_requests_running"), 0);
+  }
+}
+
+TEST(ServerTest, PreemptionUnderASmallKvBudgetKeepsOutputsEqual) {
+  const std::vector<v1::GenerateRequest> requests = MixedRequests(16, 5);
+  std::vector<Stream> alone;
+  {
+    Server server({});
+    ASSERT_TRUE(server.WaitReady());
+    for (const auto& r : requests) alone.push_back(server.Generate(r));
+  }
+  // Each KV block of the tiny model takes 2 layers x 2 x 2 heads x 16 dims x 4 tokens x
+  // 4 bytes = 2 KiB; 40 blocks hold 160 tokens, far less than 16 requests need at once.
+  Server server({"--kv_cache_bytes=81920", "--max_num_seqs=16"});
+  ASSERT_TRUE(server.WaitReady());
+  const std::vector<Stream> streams = RunConcurrently(server, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(streams[i].status.ok()) << streams[i].status.error_message();
+    EXPECT_EQ(streams[i].tokens, alone[i].tokens) << "request " << i;
+  }
+  EXPECT_GT(server.Metric("conveyor_preemptions_total"), 0);
+  EXPECT_EQ(server.Metric("conveyor_kv_blocks_used"), 0);
+}
+
+TEST(ServerTest, RepeatedPrefixIsServedFromTheCache) {
+  Server server({});
+  ASSERT_TRUE(server.WaitReady());
+  std::vector<int32_t> prompt(30);
+  for (int i = 0; i < 30; ++i) prompt[i] = 10 + i;
+  const Stream first = server.Generate(Greedy(prompt, 10));
+  const double prefill_after_first = server.Metric("conveyor_prefill_tokens_total");
+  const Stream second = server.Generate(Greedy(prompt, 10));
+  ASSERT_TRUE(first.status.ok() && second.status.ok());
+  EXPECT_EQ(second.tokens, first.tokens);
+  EXPECT_EQ(first.last.usage().cached_prompt_tokens(), 0);
+  EXPECT_EQ(second.last.usage().cached_prompt_tokens(), 28);
+  EXPECT_EQ(server.Metric("conveyor_prefill_tokens_total") - prefill_after_first, 2);
+  EXPECT_GT(server.Metric("conveyor_prefix_cache_hits_total"), 0);
+}
+
+TEST(ServerTest, CancellingHalfTheStreamsLeavesEveryBlockFree) {
+  Server server({});
+  ASSERT_TRUE(server.WaitReady());
+  std::vector<Stream> streams(16);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      auto cancel = [i](const Stream& s) { return i % 2 == 0 && s.tokens.size() >= 5; };
+      streams[i] = server.Generate(Greedy({1, 7, static_cast<int32_t>(20 + i)}, 300), 120s,
+                                   cancel);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 16; ++i) {
+    if (i % 2 == 0) {
+      EXPECT_EQ(streams[i].status.error_code(), grpc::StatusCode::CANCELLED);
+    } else {
+      EXPECT_TRUE(streams[i].status.ok());
+      EXPECT_EQ(streams[i].tokens.size(), 300u);
+    }
+  }
+  for (int i = 0; i < 100 && server.Metric("conveyor_kv_blocks_used") != 0; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(server.Metric("conveyor_kv_blocks_used"), 0);
+  EXPECT_EQ(server.Metric("conveyor_requests_running"), 0);
+}
+
+TEST(ServerTest, ErrorsHaveTheirStatusCodes) {
+  Server server({"--max_num_seqs=1", "--max_queue=1"});
+  ASSERT_TRUE(server.WaitReady());
+  v1::GenerateRequest bad = Greedy({1, 2, 3}, 4);
+  bad.set_top_p(2.0f);
+  Stream s = server.Generate(bad);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.status.error_message(), HasSubstr("top_p"));
+
+  bad = Greedy({}, 4);
+  EXPECT_EQ(server.Generate(bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = Greedy(std::vector<int32_t>(2048, 5), 4);
+  s = server.Generate(bad);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.status.error_message(), HasSubstr("context"));
+
+  s = server.Generate(Greedy({1, 2, 3}, 2000), 50ms);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  // One running, one waiting: the queue is full for the rest.
+  std::vector<v1::GenerateRequest> flood(6, Greedy({1, 2, 3}, 400));
+  const std::vector<Stream> streams = RunConcurrently(server, flood);
+  int exhausted = 0;
+  for (const Stream& f : streams) {
+    if (f.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+      EXPECT_THAT(f.status.error_message(), HasSubstr("queue is full"));
+    } else {
+      EXPECT_TRUE(f.status.ok()) << f.status.error_message();
+    }
+  }
+  EXPECT_GT(exhausted, 0);
+  EXPECT_GT(server.Metric("conveyor_requests_rejected_total"), 0);
+}
+
+TEST(ServerTest, NoWorkerIsUnavailable) {
+  Server server({"--worker_init_timeout_s=30"}, /*start_worker=*/false);
+  const Stream s = server.Generate(Greedy({1, 2, 3}, 4));
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.status.error_message(), HasSubstr("no model worker is ready"));
+}
+
+TEST(ServerTest, AWorkerThatDiesEndsItsStreamsWithAStatus) {
+  Server server({});
+  ASSERT_TRUE(server.WaitReady());
+  std::vector<Stream> streams(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      streams[i] = server.Generate(Greedy({1, 9, static_cast<int32_t>(30 + i)}, 1900), 60s,
+                                   [&](const Stream& s) {
+                                     if (i == 0 && s.tokens.size() == 20) {
+                                       server.worker().Signal(SIGKILL);
+                                     }
+                                     return false;
+                                   });
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Stream& s : streams) {
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE) << s.status.error_message();
+    EXPECT_THAT(s.status.error_message(), HasSubstr("worker"));
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::testing
