@@ -400,7 +400,14 @@ void Engine::PublishStats() {
     stats_ = counters_;
   }
   if (metrics_ != nullptr) {
-    metrics_->SetPool(running, waiting, blocks_.num_used_blocks(), blocks_.num_blocks());
+    int64_t slots_used = 0, slots_allocated = 0;
+    for (const Request* r : pool_.running()) {
+      if (r->done) continue;  // Padding holds blocks but no live tokens.
+      slots_used += r->num_computed;
+      slots_allocated += static_cast<int64_t>(r->blocks.num_blocks()) * blocks_.block_size();
+    }
+    metrics_->SetPool(running, waiting, blocks_.num_used_blocks(), blocks_.num_blocks(),
+                      slots_used, slots_allocated);
   }
 }
 

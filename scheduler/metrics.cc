@@ -64,6 +64,10 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
   waiting_ = gauge("conveyor_requests_waiting", "Requests queued for admission.");
   kv_used_ = gauge("conveyor_kv_blocks_used", "KV blocks referenced by live requests.");
   kv_total_ = gauge("conveyor_kv_blocks_total", "KV blocks the workers hold.");
+  kv_slots_used_ = gauge("conveyor_kv_slots_used",
+                         "Token slots of KV blocks that hold computed tokens of running requests.");
+  kv_slots_allocated_ = gauge("conveyor_kv_slots_allocated",
+                              "Token slots of the KV blocks running requests hold.");
   workers_ready_ = gauge("conveyor_workers_ready", "Worker ranks initialised and answering.");
   prompt_tokens_ = counter("conveyor_prompt_tokens_total", "Prompt tokens of admitted requests.");
   prefill_tokens_ = counter("conveyor_prefill_tokens_total",
@@ -84,6 +88,14 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
                    .Name("conveyor_requests_rejected_total")
                    .Help("Requests refused before admission, by status code.")
                    .Register(registry);
+  for (const char* reason : {"length", "eos", "stop", "cancelled", "deadline", "error"}) {
+    finished_->Add({{"model", model}, {"policy", policy}, {"reason", reason}});
+  }
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted,
+        absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded}) {
+    rejected_->Add({{"model", model}, {"policy", policy}, {"code", CodeLabel(code)}});
+  }
   wasted_slot_steps_ = counter("conveyor_batch_slot_steps_wasted_total",
                                "Batch slot-steps held by members whose answer was complete.");
 }
@@ -123,7 +135,10 @@ void SchedulerMetrics::CountRejected(absl::StatusCode code) {
   rejected_->Add({{"model", model_}, {"policy", policy_}, {"code", CodeLabel(code)}}).Increment();
 }
 
-void SchedulerMetrics::SetPool(int running, int waiting, int kv_used, int kv_total) {
+void SchedulerMetrics::SetPool(int running, int waiting, int kv_used, int kv_total,
+                               int64_t kv_slots_used, int64_t kv_slots_allocated) {
+  kv_slots_used_->Set(static_cast<double>(kv_slots_used));
+  kv_slots_allocated_->Set(static_cast<double>(kv_slots_allocated));
   running_->Set(running);
   waiting_->Set(waiting);
   kv_used_->Set(kv_used);

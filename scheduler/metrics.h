@@ -37,7 +37,10 @@ class SchedulerMetrics {
   void AddPreemptions(int n);
   void AddPrefixCacheLookups(uint64_t queries, uint64_t hits);
   void CountRejected(absl::StatusCode code);
-  void SetPool(int running, int waiting, int kv_blocks_used, int kv_blocks_total);
+  // kv_slots_used: tokens whose K/V the running requests hold; kv_slots_allocated: the
+  // slots of the blocks they hold (their ratio shows what block rounding wastes).
+  void SetPool(int running, int waiting, int kv_blocks_used, int kv_blocks_total,
+               int64_t kv_slots_used, int64_t kv_slots_allocated);
   void SetWorkersReady(int ready);
 
  private:
@@ -54,6 +57,8 @@ class SchedulerMetrics {
   prometheus::Gauge* kv_used_;
   prometheus::Gauge* kv_total_;
   prometheus::Gauge* workers_ready_;
+  prometheus::Gauge* kv_slots_used_;
+  prometheus::Gauge* kv_slots_allocated_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* prefill_tokens_;
   prometheus::Counter* generated_tokens_;

@@ -35,6 +35,9 @@ class StepEngine {
   // Runs one step. On error nothing changed.
   absl::Status Step(const v1::StepRequest& request, v1::StepResponse* response);
 
+  // Forgets every sequence (a restarted scheduler starts from a clean slate).
+  void Reset() { sequences_.clear(); }
+
   int num_sequences() const { return static_cast<int>(sequences_.size()); }
   uint64_t steps_executed() const { return steps_executed_; }
   const Options& options() const { return options_; }

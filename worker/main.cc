@@ -19,6 +19,11 @@
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
 ABSL_FLAG(int, port, 50061, "Port to listen on; 0 picks a free one (printed on stdout).");
 ABSL_FLAG(int, metrics_port, 9401, "Port for Prometheus metrics (/metrics); 0 disables.");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu, or cuda (needs a CUDA build).");
+ABSL_FLAG(int, device, 0, "CUDA device for --backend=cuda.");
+ABSL_FLAG(double, gpu_memory_fraction, 0.85,
+          "cuda: share of the free device memory (after weights) for the KV cache when the "
+          "scheduler does not set kv_cache_bytes.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses one per core.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
@@ -64,7 +69,14 @@ int main(int argc, char** argv) {
   }
 
   conveyor::worker::WorkerService::Options options;
+  options.backend = absl::GetFlag(FLAGS_backend);
+  if (options.backend != "cpu" && options.backend != "cuda") {
+    spdlog::error("--backend must be cpu or cuda, got \"{}\"", options.backend);
+    return 2;
+  }
   options.num_threads = absl::GetFlag(FLAGS_threads);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   options.metrics = &metrics;
   conveyor::worker::WorkerService service(options);
 

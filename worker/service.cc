@@ -10,7 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "spdlog/spdlog.h"
+#ifdef CONVEYOR_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace conveyor::worker {
 namespace {
@@ -48,7 +52,6 @@ void FillModelInfo(const ModelConfig& c, v1::ModelInfo* info) {
   for (int id : c.eos_token_ids) info->add_eos_token_ids(id);
   info->set_bos_token_id(c.bos_token_id);
   info->set_num_parameters(c.NumParameters());
-  info->set_compute_dtype("float32");
 }
 
 }  // namespace
@@ -65,7 +68,15 @@ bool WorkerService::initialized() const {
 absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
                                        v1::InitResponse* response) {
   if (engine_ != nullptr) {
-    return absl::FailedPreconditionError("worker is already initialised; restart it to reload");
+    if (google::protobuf::util::MessageDifferencer::Equals(request, init_request_)) {
+      engine_->Reset();
+      *response = init_response_;
+      spdlog::info("Init repeated (a scheduler restarted?): all sequences dropped");
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker is already initialised with ", init_request_.ShortDebugString(),
+        "; restart it to load something else"));
   }
   if (request.model_path().empty()) {
     return absl::InvalidArgumentError("model_path is empty");
@@ -89,15 +100,14 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   }
 
   const auto start = std::chrono::steady_clock::now();
-  auto backend = kernels::MakeCpuBackend(options_.num_threads);
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, MakeBackend());
   ASSIGN_OR_RETURN(auto model, LlamaModel::Load(request.model_path(), backend.get()));
   const ModelConfig& c = model->config();
   const size_t block_bytes = KvCache::BytesPerBlock(c.num_layers, c.num_kv_heads, c.head_dim,
                                                     block_size, backend->activation_bytes());
   uint64_t budget = request.kv_cache_bytes();
   if (budget == 0) {
-    budget = std::min(kDefaultKvCapBytes, static_cast<uint64_t>(AvailableMemoryBytes() *
-                                                                 kDefaultKvShareOfAvailableMemory));
+    ASSIGN_OR_RETURN(budget, DefaultKvBudget());
   }
   const uint64_t num_blocks = budget / block_bytes;
   if (num_blocks > static_cast<uint64_t>(INT32_MAX)) {
@@ -120,6 +130,8 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   response->set_num_kv_blocks(cache->num_blocks());
   response->set_block_size(block_size);
   FillModelInfo(c, response->mutable_model());
+  response->mutable_model()->set_compute_dtype(backend->activation_bytes() == 4 ? "float32"
+                                                                                : "bfloat16");
   response->set_weight_bytes(model->weight_bytes());
   response->set_kv_cache_bytes(cache->size_bytes());
   response->set_load_time_ms(load_ms);
@@ -136,10 +148,39 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
         static_cast<double>(cache->size_bytes()));
   }
   engine_ = std::make_unique<StepEngine>(model.get(), cache.get(), engine_options);
+  init_request_ = request;
+  init_response_ = *response;
   backend_ = std::move(backend);
   model_ = std::move(model);
   cache_ = std::move(cache);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<kernels::Backend>> WorkerService::MakeBackend() const {
+  if (options_.backend == "cpu") return kernels::MakeCpuBackend(options_.num_threads);
+  if (options_.backend == "cuda") {
+#ifdef CONVEYOR_HAVE_CUDA
+    ASSIGN_OR_RETURN(auto backend, kernels::MakeCudaBackend(options_.device));
+    return std::unique_ptr<kernels::Backend>(std::move(backend));
+#else
+    return absl::UnimplementedError(
+        "this worker was built without CUDA; rebuild with -DCONVEYOR_CUDA=ON");
+#endif
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend \"", options_.backend, "\"; use cpu or cuda"));
+}
+
+absl::StatusOr<uint64_t> WorkerService::DefaultKvBudget() const {
+#ifdef CONVEYOR_HAVE_CUDA
+  if (options_.backend == "cuda") {
+    // Measured after the weights are loaded, so what is free is what the cache may use.
+    ASSIGN_OR_RETURN(size_t free_bytes, kernels::FreeDeviceMemoryBytes(options_.device));
+    return static_cast<uint64_t>(free_bytes * options_.gpu_memory_fraction);
+  }
+#endif
+  return std::min(kDefaultKvCapBytes, static_cast<uint64_t>(AvailableMemoryBytes() *
+                                                            kDefaultKvShareOfAvailableMemory));
 }
 
 grpc::Status WorkerService::Init(grpc::ServerContext*, const v1::InitRequest* request,

@@ -48,13 +48,13 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
               grpc::StatusCode::FAILED_PRECONDITION);
   }
   v1::InitResponse init;
+  v1::InitRequest init_request;
+  init_request.set_model_path(TestModelDir("llama3_gqa"));
+  init_request.set_block_size(16);
+  init_request.set_kv_cache_bytes(8 << 20);
   {
     grpc::ClientContext context;
-    v1::InitRequest request;
-    request.set_model_path(TestModelDir("llama3_gqa"));
-    request.set_block_size(16);
-    request.set_kv_cache_bytes(8 << 20);
-    ASSERT_TRUE(stub_->Init(&context, request, &init).ok());
+    ASSERT_TRUE(stub_->Init(&context, init_request, &init).ok());
   }
   EXPECT_GT(init.num_kv_blocks(), 0);
   EXPECT_EQ(init.block_size(), 16);
@@ -110,6 +110,17 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
     v1::InitResponse again;
     EXPECT_EQ(stub_->Init(&context, request, &again).error_code(),
               grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    // A restarted scheduler repeats the same Init: same answer, sequences dropped.
+    grpc::ClientContext context;
+    v1::InitResponse again;
+    ASSERT_TRUE(stub_->Init(&context, init_request, &again).ok());
+    EXPECT_EQ(again.num_kv_blocks(), init.num_kv_blocks());
+    grpc::ClientContext health_context;
+    v1::HealthResponse health;
+    ASSERT_TRUE(stub_->Health(&health_context, v1::HealthRequest(), &health).ok());
+    EXPECT_EQ(health.num_sequences(), 0);
   }
   {
     grpc::ClientContext context;
