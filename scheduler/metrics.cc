@@ -63,7 +63,7 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
   running_ = gauge("conveyor_requests_running", "Requests holding KV blocks.");
   waiting_ = gauge("conveyor_requests_waiting", "Requests queued for admission.");
   kv_used_ = gauge("conveyor_kv_blocks_used", "KV blocks referenced by live requests.");
-  kv_total_ = gauge("conveyor_kv_blocks_total", "KV blocks the workers hold.");
+  kv_total_ = gauge("conveyor_kv_blocks_capacity", "KV blocks the workers hold.");
   kv_slots_used_ = gauge("conveyor_kv_slots_used",
                          "Token slots of KV blocks that hold computed tokens of running requests.");
   kv_slots_allocated_ = gauge("conveyor_kv_slots_allocated",

@@ -12,6 +12,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   prometheus-cpp-dev libgloo-dev libopenblas-dev nlohmann-json3-dev \
   libsentencepiece-dev sentencepiece libspdlog-dev libfmt-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
-  python3 python3-numpy python3-grpcio \
-  golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev yamllint python3-yaml python3-venv >/dev/null
+  python3 python3-numpy python3-grpcio python3-matplotlib \
+  golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev yamllint python3-yaml python3-venv \
+  prometheus >/dev/null
 echo "install-deps: done"

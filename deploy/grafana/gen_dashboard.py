@@ -107,7 +107,7 @@ def build():
     tok_s = "suffix: tok/s"
     generated = rate("conveyor_generated_tokens_total")
     kv_ratio = ratio("conveyor_kv_blocks_used{" + SCHED + "}",
-                     "conveyor_kv_blocks_total{" + SCHED + "}")
+                     "conveyor_kv_blocks_capacity{" + SCHED + "}")
 
     g.row("Overview")
     g.panel("stat", "Output tokens/s", "Tokens streamed to clients per second.",
@@ -177,7 +177,7 @@ def build():
     g.row("KV cache")
     g.panel("timeseries", "KV blocks", "Blocks referenced by live requests, and blocks held.",
             [(f"sum(conveyor_kv_blocks_used{{{SCHED}}})", "used"),
-             (f"sum(conveyor_kv_blocks_total{{{SCHED}}})", "total")], "short", 6, 8)
+             (f"sum(conveyor_kv_blocks_capacity{{{SCHED}}})", "total")], "short", 6, 8)
     g.panel("timeseries", "KV usage ratio", "Used blocks / total blocks.",
             [(kv_ratio, "used / total")], "percentunit", 6, 8, min=0, max=1)
     g.panel("timeseries", "Preemptions/s",

@@ -3,15 +3,12 @@
 // prefix caching, cancellation, every error status, and a worker that dies mid-stream.
 #include <grpcpp/grpcpp.h>
 
-#include <map>
-#include <random>
-#include <regex>
 #include <thread>
 
 #include "conveyor.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/support/subprocess.h"
+#include "tests/support/server_process.h"
 #include "tests/support/test_support.h"
 
 namespace conveyor::testing {
@@ -19,129 +16,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
-
-// What one Generate call returned.
-struct Stream {
-  std::vector<int> tokens;
-  std::string text;
-  v1::GenerateResponse last;
-  grpc::Status status;
-};
-
-// A worker and a scheduler serving the tiny test model.
-class Server {
- public:
-  // Starts both; `flags` go to the scheduler. Fails the test if they do not come up.
-  explicit Server(std::vector<std::string> flags, bool start_worker = true) {
-    std::string workers = "127.0.0.1:" + std::to_string(FreePort());  // Nobody there.
-    if (start_worker) {
-      auto worker = Subprocess::Start(
-          {WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=2"});
-      EXPECT_TRUE(worker.has_value());
-      worker_.emplace(std::move(*worker));
-      const auto line = worker_->WaitForLine("listening on", 30s);
-      EXPECT_TRUE(line.has_value());
-      workers = "127.0.0.1:" + std::to_string(PortFromListeningLine(line.value_or("")));
-      worker_->DrainStdout();
-    }
-    metrics_port_ = FreePort();
-    std::vector<std::string> argv = {SchedulerBinary(),
-                                     "--port=0",
-                                     "--metrics_port=" + std::to_string(metrics_port_),
-                                     "--model=" + TestModelDir("llama3_gqa"),
-                                     "--workers=" + workers,
-                                     "--block_size=4"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    auto scheduler = Subprocess::Start(argv);
-    EXPECT_TRUE(scheduler.has_value());
-    scheduler_.emplace(std::move(*scheduler));
-    const auto line = scheduler_->WaitForLine("listening on", 30s);
-    EXPECT_TRUE(line.has_value());
-    scheduler_->DrainStdout();
-    stub_ = v1::Conveyor::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(PortFromListeningLine(*line)),
-                            grpc::InsecureChannelCredentials()));
-  }
-
-  // Waits until the workers are initialised (GetModelInfo stops being UNAVAILABLE).
-  bool WaitReady() {
-    for (int i = 0; i < 300; ++i) {
-      grpc::ClientContext context;
-      v1::ModelInfoRequest request;
-      v1::ModelInfoResponse info;
-      if (stub_->GetModelInfo(&context, request, &info).ok()) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    return false;
-  }
-
-  Stream Generate(const v1::GenerateRequest& request,
-                  std::chrono::milliseconds timeout = 120s,
-                  std::function<bool(const Stream&)> cancel_when = {}) {
-    Stream s;
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + timeout);
-    auto reader = stub_->Generate(&context, request);
-    v1::GenerateResponse response;
-    while (reader->Read(&response)) {
-      s.tokens.insert(s.tokens.end(), response.token_ids().begin(), response.token_ids().end());
-      s.text += response.text();
-      if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) s.last = response;
-      if (cancel_when && cancel_when(s)) context.TryCancel();
-    }
-    s.status = reader->Finish();
-    return s;
-  }
-
-  // The value of a metric line (first match of `name` with its labels), or -1.
-  double Metric(const std::string& name) {
-    const auto page = HttpGet(metrics_port_, "/metrics");
-    if (!page) return -1;
-    const std::regex line("^" + name + "(\\{[^}]*\\})? ([0-9.e+-]+)$", std::regex::multiline);
-    std::smatch m;
-    if (!std::regex_search(*page, m, line)) return -1;
-    return std::stod(m[2]);
-  }
-
-  Subprocess& worker() { return *worker_; }
-
- private:
-  std::optional<Subprocess> worker_;
-  std::optional<Subprocess> scheduler_;
-  std::unique_ptr<v1::Conveyor::Stub> stub_;
-  int metrics_port_ = 0;
-};
-
-v1::GenerateRequest Greedy(std::vector<int32_t> prompt, int max_new) {
-  v1::GenerateRequest r;
-  r.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
-  r.set_max_new_tokens(max_new);
-  r.set_temperature(0);
-  r.set_ignore_eos(true);
-  return r;
-}
-
-std::vector<v1::GenerateRequest> MixedRequests(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<v1::GenerateRequest> out;
-  for (int i = 0; i < n; ++i) {
-    std::vector<int32_t> prompt(1 + rng() % 40);
-    for (int32_t& t : prompt) t = 3 + rng() % 500;
-    out.push_back(Greedy(prompt, 1 + rng() % 24));
-  }
-  return out;
-}
-
-// Runs all requests at once, one client thread each.
-std::vector<Stream> RunConcurrently(Server& server, const std::vector<v1::GenerateRequest>& rs) {
-  std::vector<Stream> out(rs.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < rs.size(); ++i) {
-    threads.emplace_back([&, i] { out[i] = server.Generate(rs[i]); });
-  }
-  for (std::thread& t : threads) t.join();
-  return out;
-}
 
 TEST(ServerTest, SixtyFourConcurrentStreamsFinishAndEveryPolicyMatchesAlone) {
   const std::vector<v1::GenerateRequest> requests = MixedRequests(64, 3);
@@ -265,7 +139,7 @@ TEST(ServerTest, ErrorsHaveTheirStatusCodes) {
     }
   }
   EXPECT_GT(exhausted, 0);
-  EXPECT_GT(server.Metric("conveyor_requests_rejected_total"), 0);
+  EXPECT_GT(server.MetricSum("conveyor_requests_rejected_total"), 0);
 }
 
 TEST(ServerTest, NoWorkerIsUnavailable) {
