@@ -61,6 +61,13 @@ long conveyor_spm_decode(void* handle, const int* ids, size_t count, char* text,
   return static_cast<long>(CopyOut(out, text, capacity));
 }
 
+// Writes the piece string of `id` (e.g. "▁world", "<0xE4>"); returns its size (written
+// only if it fits).
+long conveyor_spm_id_to_piece(void* handle, int id, char* text, size_t capacity) {
+  return static_cast<long>(CopyOut(static_cast<Processor*>(handle)->IdToPiece(id), text,
+                                   capacity));
+}
+
 int conveyor_spm_piece_size(void* handle) {
   return static_cast<Processor*>(handle)->GetPieceSize();
 }

@@ -20,6 +20,7 @@ struct Tokenizer::Shim {
   void (*free)(void* handle);
   long (*encode)(void* handle, const char* text, size_t length, int* ids, size_t capacity);
   long (*decode)(void* handle, const int* ids, size_t count, char* text, size_t capacity);
+  long (*id_to_piece)(void* handle, int id, char* text, size_t capacity);
   int (*piece_size)(void* handle);
   int (*bos_id)(void* handle);
   int (*eos_id)(void* handle);
@@ -60,6 +61,7 @@ absl::StatusOr<const Tokenizer::Shim*> LoadShim() {
           Resolve(lib, "conveyor_spm_free", &s->free) &&
           Resolve(lib, "conveyor_spm_encode", &s->encode) &&
           Resolve(lib, "conveyor_spm_decode", &s->decode) &&
+          Resolve(lib, "conveyor_spm_id_to_piece", &s->id_to_piece) &&
           Resolve(lib, "conveyor_spm_piece_size", &s->piece_size) &&
           Resolve(lib, "conveyor_spm_bos_id", &s->bos_id) &&
           Resolve(lib, "conveyor_spm_eos_id", &s->eos_id)) {
@@ -128,6 +130,17 @@ std::string Tokenizer::Decode(const std::vector<int>& ids) const {
     const bool fits = static_cast<size_t>(n) <= text.size();
     text.resize(n);
     if (fits) return text;
+  }
+}
+
+std::string Tokenizer::Piece(int id) const {
+  if (id < 0 || id >= shim_->piece_size(handle_)) return "";
+  std::string piece(64, '\0');
+  for (;;) {
+    const long n = shim_->id_to_piece(handle_, id, piece.data(), piece.size());
+    const bool fits = static_cast<size_t>(n) <= piece.size();
+    piece.resize(n);
+    if (fits) return piece;
   }
 }
 

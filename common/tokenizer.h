@@ -28,6 +28,9 @@ class Tokenizer {
   // Text for `ids`. Ids outside the tokenizer's vocabulary (models often pad their
   // vocabulary beyond it) decode to nothing.
   std::string Decode(const std::vector<int>& ids) const;
+  // The vocabulary piece of `id` as written in the model (e.g. "▁world"), or "" for ids
+  // outside the tokenizer's vocabulary.
+  std::string Piece(int id) const;
   // Number of pieces in the tokenizer (may be below the model's vocab_size).
   int vocab_size() const;
   int bos_id() const;

@@ -145,6 +145,10 @@ grpc::ServerUnaryReactor* ApiService::Tokenize(grpc::CallbackServerContext* cont
                                                const v1::TokenizeRequest* request,
                                                v1::TokenizeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (engine_.load() == nullptr) {  // limits_ (the BOS id) is not known before.
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no model worker is ready yet"));
+    return reactor;
+  }
   absl::StatusOr<std::vector<int>> ids = tokenizer_->Encode(request->text());
   if (!ids.ok()) {
     reactor->Finish(ToGrpcStatus(ids.status()));
@@ -153,11 +157,11 @@ grpc::ServerUnaryReactor* ApiService::Tokenize(grpc::CallbackServerContext* cont
   const bool add_bos = !request->has_add_bos() || request->add_bos();
   if (add_bos && limits_.bos_token_id >= 0) {
     response->add_token_ids(limits_.bos_token_id);
-    response->add_pieces(ValidUtf8(tokenizer_->Decode({limits_.bos_token_id})));
+    response->add_pieces(ValidUtf8(tokenizer_->Piece(limits_.bos_token_id)));
   }
   for (int id : *ids) {
     response->add_token_ids(id);
-    response->add_pieces(ValidUtf8(tokenizer_->Decode({id})));
+    response->add_pieces(ValidUtf8(tokenizer_->Piece(id)));
   }
   reactor->Finish(grpc::Status::OK);
   return reactor;

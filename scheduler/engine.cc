@@ -140,7 +140,7 @@ Clock::time_point Engine::NextWake() const {
 void Engine::Loop() {
   bool idle = false;
   for (;;) {
-    if (!TakeInbox(idle, NextWake())) break;
+    if (!TakeInbox(idle, idle ? NextWake() : Clock::time_point())) break;
     const Clock::time_point start = Clock::now();
     ExpireDeadlines(start);
     StepPlan plan = policy_->Plan(pool_, start);

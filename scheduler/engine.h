@@ -33,7 +33,7 @@ class Engine {
     int block_size = 16;
     bool enable_prefix_caching = true;
     int max_queue = 1024;  // Requests waiting for admission before RESOURCE_EXHAUSTED.
-    int max_context_tokens = 0;
+    int max_context_tokens = 1 << 30;  // The model's context (requests end at it).
   };
 
   // Counters for tests and logs (the Prometheus view is SchedulerMetrics).

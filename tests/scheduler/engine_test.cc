@@ -347,16 +347,17 @@ TEST_F(EngineTest, FullQueueIsResourceExhaustedAndDrainIsUnavailable) {
 }
 
 TEST_F(EngineTest, DeadlinesAndWorkerFailuresEndRequestsWithAStatus) {
-  Start("continuous", 256);
+  Start("continuous", 600);  // Room for a 2000-token generation.
   engine_->Start();
   v1::GenerateRequest proto;
   proto.mutable_token_ids()->add_ids(5);
-  proto.set_max_new_tokens(1000);
+  proto.set_max_new_tokens(2000);
+  proto.set_ignore_eos(true);
   auto built = BuildRequest(proto, limits_, *tokenizer_);
   ASSERT_TRUE(built.ok());
   auto late = std::make_shared<RecordingSink>();
   (*built)->sink = late;
-  (*built)->deadline = Clock::now() + 30ms;
+  (*built)->deadline = Clock::now() + 5ms;  // 2000 steps take far longer.
   ASSERT_TRUE(engine_->Submit(std::move(*built)).ok());
   ASSERT_TRUE(late->WaitDone());
   EXPECT_EQ(late->status_.code(), absl::StatusCode::kDeadlineExceeded);

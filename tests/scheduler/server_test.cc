@@ -174,3 +174,36 @@ TEST(ServerTest, AWorkerThatDiesEndsItsStreamsWithAStatus) {
 
 }  // namespace
 }  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+TEST(ServerTest, TokenizeAndModelInfoDescribeTheServedModel) {
+  Server server({"--policy=dynamic", "--max_num_seqs=7"});
+  ASSERT_TRUE(server.WaitReady());
+  auto stub = v1::Conveyor::NewStub(server.channel());
+  grpc::ClientContext context;
+  v1::ModelInfoResponse info;
+  ASSERT_TRUE(stub->GetModelInfo(&context, v1::ModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model(), "llama3_gqa");
+  EXPECT_EQ(info.vocab_size(), 512);
+  EXPECT_EQ(info.policy(), "dynamic");
+  EXPECT_EQ(info.max_num_seqs(), 7);
+  EXPECT_EQ(info.kv_block_size(), 4);
+  EXPECT_GT(info.num_kv_blocks(), 0);
+
+  grpc::ClientContext tokenize_context;
+  v1::TokenizeRequest request;
+  request.set_text("hello world");
+  v1::TokenizeResponse tokens;
+  ASSERT_TRUE(stub->Tokenize(&tokenize_context, request, &tokens).ok());
+  ASSERT_GE(tokens.token_ids_size(), 2);
+  EXPECT_EQ(tokens.token_ids(0), 1);  // BOS.
+  ASSERT_EQ(tokens.pieces_size(), tokens.token_ids_size());
+  std::string text;
+  for (int i = 1; i < tokens.pieces_size(); ++i) text += tokens.pieces(i);
+  EXPECT_EQ(text, "\u2581hello\u2581world");  // sentencepiece marks spaces with U+2581.
+}
+
+}  // namespace
+}  // namespace conveyor::testing
