@@ -1,16 +1,16 @@
 // The CPU backend: fp32 activations in host memory, GEMM through the batch-invariant
-// packed kernel (gemm.h), everything else as per-token loops split over a thread pool.
-// Each token's result is computed by one thread in a fixed order, so it does not
-// depend on the batch around it.
+// packed kernel (gemm.h), attention through tiled kernels (attention.h), everything
+// else as per-token loops split over a thread pool. Each token's result is computed by
+// one thread in a fixed order, so it does not depend on the batch around it.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -198,56 +198,8 @@ class CpuBackend final : public Backend {
 
   void PagedAttention(const void* q, int q_row_stride, const AttentionBatch& batch,
                       const AttentionShape& shape, KvLayer layer, void* out) override {
-    const int group = shape.num_heads / shape.num_kv_heads;
-    const int d = shape.head_dim;
-    const size_t slot_floats = static_cast<size_t>(shape.num_kv_heads) * d;
-    const float* kc = static_cast<const float*>(layer.k);
-    const float* vc = static_cast<const float*>(layer.v);
-    const float* qs = static_cast<const float*>(q);
-    float* os = static_cast<float*>(out);
-    // One work item per (token, kv head): the query heads of a group share K/V reads.
-    const int64_t items = static_cast<int64_t>(batch.num_tokens) * shape.num_kv_heads;
-    pool_.ParallelFor(items, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores;
-      std::vector<float> acc(d);
-      for (int64_t item = begin; item < end; ++item) {
-        const int t = static_cast<int>(item / shape.num_kv_heads);
-        const int kvh = static_cast<int>(item % shape.num_kv_heads);
-        const int context = batch.token_pos[t] + 1;
-        const int32_t* table =
-            batch.block_tables + static_cast<size_t>(batch.token_seq[t]) * batch.max_blocks_per_seq;
-        scores.resize(context);
-        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const float* qh = qs + static_cast<size_t>(t) * q_row_stride + h * d;
-          float max_score = -INFINITY;
-          for (int j = 0; j < context; ++j) {
-            const size_t slot = static_cast<size_t>(table[j / batch.block_size]) *
-                                    batch.block_size + j % batch.block_size;
-            const float* kj = kc + slot * slot_floats + kvh * d;
-            float dot = 0.0f;
-            for (int i = 0; i < d; ++i) dot += qh[i] * kj[i];
-            scores[j] = dot * shape.scale;
-            max_score = std::max(max_score, scores[j]);
-          }
-          double denom = 0.0;
-          for (int j = 0; j < context; ++j) {
-            scores[j] = std::exp(scores[j] - max_score);
-            denom += scores[j];
-          }
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int j = 0; j < context; ++j) {
-            const size_t slot = static_cast<size_t>(table[j / batch.block_size]) *
-                                    batch.block_size + j % batch.block_size;
-            const float* vj = vc + slot * slot_floats + kvh * d;
-            const float p = scores[j];
-            for (int i = 0; i < d; ++i) acc[i] += p * vj[i];
-          }
-          const float inv = static_cast<float>(1.0 / denom);
-          float* oh = os + static_cast<size_t>(t) * shape.num_heads * d + h * d;
-          for (int i = 0; i < d; ++i) oh[i] = acc[i] * inv;
-        }
-      }
-    });
+    PagedAttentionCpu(static_cast<const float*>(q), q_row_stride, batch, shape, layer,
+                      static_cast<float*>(out), &pool_);
   }
 
   void SiluMul(const void* gate_up, int n, int ffn, void* out) override {

@@ -1,0 +1,143 @@
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace conveyor::kernels {
+namespace internal {
+
+void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile) {
+  const AttentionBatch& batch = *args.batch;
+  const AttentionShape& shape = args.shape;
+  const int d = shape.head_dim;
+  const int group = shape.num_heads / shape.num_kv_heads;
+  const size_t slot_floats = static_cast<size_t>(shape.num_kv_heads) * d;
+  const size_t head_offset = static_cast<size_t>(tile.kv_head) * d;
+  const int32_t* table =
+      batch.block_tables +
+      static_cast<size_t>(batch.token_seq[tile.first_token]) * batch.max_blocks_per_seq;
+  // Calls fn(j, row) for the K or V row of each position j < context, in order, walking
+  // the block table block by block.
+  auto for_each_position = [&](const float* cache, int context, auto&& fn) {
+    for (int block = 0, j = 0; j < context; ++block) {
+      const float* row =
+          cache + static_cast<size_t>(table[block]) * batch.block_size * slot_floats + head_offset;
+      for (int end = std::min(context, j + batch.block_size); j < end; ++j, row += slot_floats) {
+        fn(j, row);
+      }
+    }
+  };
+  thread_local std::vector<float> scores;  // [group][context]
+  thread_local std::vector<float> acc;     // [group][d]
+  thread_local std::vector<double> denom;  // [group]
+  for (int i = 0; i < tile.num_tokens; ++i) {
+    const int t = tile.first_token + i;
+    const int context = batch.token_pos[t] + 1;
+    const float* q = args.q + static_cast<size_t>(t) * args.q_row_stride +
+                     static_cast<size_t>(tile.kv_head) * group * d;
+    scores.resize(static_cast<size_t>(group) * context);
+    // Each K row is read once for all query heads of the group.
+    for_each_position(args.k_cache, context, [&](int j, const float* k) {
+      for (int g = 0; g < group; ++g) {
+        const float* qg = q + static_cast<size_t>(g) * d;
+        float dot = 0.0f;
+        for (int c = 0; c < d; ++c) dot += qg[c] * k[c];
+        scores[static_cast<size_t>(g) * context + j] = dot * shape.scale;
+      }
+    });
+    denom.assign(group, 0.0);
+    for (int g = 0; g < group; ++g) {
+      float* s = scores.data() + static_cast<size_t>(g) * context;
+      const float max_score = *std::max_element(s, s + context);
+      for (int j = 0; j < context; ++j) {
+        s[j] = std::exp(s[j] - max_score);
+        denom[g] += s[j];
+      }
+    }
+    acc.assign(static_cast<size_t>(group) * d, 0.0f);
+    for_each_position(args.v_cache, context, [&](int j, const float* v) {
+      for (int g = 0; g < group; ++g) {
+        const float p = scores[static_cast<size_t>(g) * context + j];
+        float* ag = acc.data() + static_cast<size_t>(g) * d;
+        for (int c = 0; c < d; ++c) ag[c] += p * v[c];
+      }
+    });
+    float* out = args.out + static_cast<size_t>(t) * shape.num_heads * d +
+                 static_cast<size_t>(tile.kv_head) * group * d;
+    for (int g = 0; g < group; ++g) {
+      const float inv = static_cast<float>(1.0 / denom[g]);
+      for (int c = 0; c < d; ++c) {
+        out[static_cast<size_t>(g) * d + c] = acc[static_cast<size_t>(g) * d + c] * inv;
+      }
+    }
+  }
+}
+
+void PagedAttentionWith(AttentionTileKernel kernel, const AttentionArgs& args, ThreadPool* pool) {
+  const AttentionBatch& batch = *args.batch;
+  const int num_kv_heads = args.shape.num_kv_heads;
+  const int group = args.shape.num_heads / num_kv_heads;
+  // About 48 query rows per tile: enough to amortize loading (and transposing) each K
+  // chunk, few enough that the tile's accumulators stay in L1/L2. Tiles end at multiples
+  // of this power of two, so they line up with the 16-position chunks and the causal
+  // diagonal cuts through as few chunks as it can.
+  const int max_tile_tokens =
+      static_cast<int>(std::bit_floor(static_cast<unsigned>(std::clamp(48 / group, 1, 64))));
+  struct Item {
+    AttentionTile tile;
+    int64_t cost;  // Query rows x positions, for ordering.
+  };
+  std::vector<Item> items;
+  for (int t = 0; t < batch.num_tokens;) {
+    int len = 1;
+    while (t + len < batch.num_tokens && len < max_tile_tokens &&
+           batch.token_seq[t + len] == batch.token_seq[t] &&
+           batch.token_pos[t + len] == batch.token_pos[t] + len &&
+           batch.token_pos[t + len] % max_tile_tokens != 0) {
+      ++len;
+    }
+    const int64_t cost = static_cast<int64_t>(len) * (batch.token_pos[t] + len);
+    for (int h = 0; h < num_kv_heads; ++h) items.push_back({{t, len, h}, cost});
+    t += len;
+  }
+  // Largest first, so the long tiles of a prefill do not start last and leave threads
+  // idle at the end.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) kernel(args, items[i].tile);
+  };
+  if (pool == nullptr) {
+    run(0, static_cast<int64_t>(items.size()));
+  } else {
+    pool->ParallelFor(static_cast<int64_t>(items.size()), 1, run);
+  }
+}
+
+}  // namespace internal
+
+void PagedAttentionCpu(const float* q, int q_row_stride, const AttentionBatch& batch,
+                       const AttentionShape& shape, KvLayer layer, float* out, ThreadPool* pool) {
+  static const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+  internal::AttentionArgs args;
+  args.q = q;
+  args.q_row_stride = q_row_stride;
+  args.batch = &batch;
+  args.shape = shape;
+  args.k_cache = static_cast<const float*>(layer.k);
+  args.v_cache = static_cast<const float*>(layer.v);
+  args.out = out;
+  // The choice depends only on the CPU and the model, so every token of every batch
+  // takes the same kernel.
+  const internal::AttentionTileKernel kernel = kHaveAvx512 && shape.head_dim % 16 == 0
+                                                   ? internal::AttentionTileAvx512
+                                                   : internal::AttentionTilePortable;
+  internal::PagedAttentionWith(kernel, args, pool);
+}
+
+}  // namespace conveyor::kernels

@@ -1,0 +1,304 @@
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace conveyor::kernels {
+namespace {
+
+constexpr int kNumKvHeads = 2;
+
+struct Param {
+  bool avx512;  // Else the portable kernel.
+  int group;    // Query heads per KV head.
+  int head_dim;
+  int block_size;
+};
+
+std::string ToString(const Param& p) {
+  return std::string(p.avx512 ? "Avx512" : "Portable") + "_Group" + std::to_string(p.group) +
+         "_Dim" + std::to_string(p.head_dim) + "_Block" + std::to_string(p.block_size);
+}
+std::string Name(const testing::TestParamInfo<Param>& info) { return ToString(info.param); }
+void PrintTo(const Param& p, std::ostream* os) { *os << ToString(p); }
+
+// A token of the batch: sequence index and position.
+struct Token {
+  int seq;
+  int pos;
+};
+
+// Sequences in a paged cache whose blocks are scattered in shuffled order. Slots no
+// sequence has written hold NaN, so a kernel that reads past a token's context (or
+// multiplies unwritten V by a zero weight) produces NaN.
+class PagedFixture {
+ public:
+  // `lengths[s]`: positions of sequence s whose K/V are written.
+  PagedFixture(const Param& p, const std::vector<int>& lengths, uint32_t seed)
+      : param_(p), lengths_(lengths), rng_(seed) {
+    shape_.num_kv_heads = kNumKvHeads;
+    shape_.num_heads = kNumKvHeads * p.group;
+    shape_.head_dim = p.head_dim;
+    shape_.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+    slot_floats_ = static_cast<size_t>(kNumKvHeads) * p.head_dim;
+    for (int len : lengths) max_blocks_ = std::max(max_blocks_, Blocks(len));
+    int num_blocks = 3;  // Spare blocks nobody owns.
+    for (int len : lengths) num_blocks += Blocks(len);
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng_);
+    tables_.assign(lengths.size() * max_blocks_, -1);
+    size_t next = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      for (int b = 0; b < Blocks(lengths[s]); ++b) tables_[s * max_blocks_ + b] = ids[next++];
+    }
+    const size_t cache_floats = static_cast<size_t>(num_blocks) * p.block_size * slot_floats_;
+    k_.assign(cache_floats, NAN);
+    v_.assign(cache_floats, NAN);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      for (int pos = 0; pos < lengths[s]; ++pos) {
+        for (size_t i = 0; i < slot_floats_; ++i) {
+          k_[Slot(s, pos) * slot_floats_ + i] = dist(rng_);
+          v_[Slot(s, pos) * slot_floats_ + i] = dist(rng_);
+        }
+      }
+    }
+  }
+
+  // Random queries for `tokens`, in rows of a wider (qkv-like) buffer, scaled per token
+  // from flat to peaked attention so the running max changes often.
+  void SetTokens(const std::vector<Token>& tokens) {
+    tokens_ = tokens;
+    q_stride_ = (shape_.num_heads + 2 * kNumKvHeads) * param_.head_dim;
+    q_.assign(tokens.size() * q_stride_, NAN);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::uniform_real_distribution<float> scale(0.5f, 12.0f);
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const float s = scale(rng_);
+      for (int i = 0; i < shape_.num_heads * param_.head_dim; ++i) {
+        q_[t * q_stride_ + i] = s * dist(rng_);
+      }
+    }
+  }
+
+  // Output [tokens, num_heads * head_dim] of batch tokens [first, first + count), from
+  // the parameter's kernel on `pool`.
+  std::vector<float> Run(int first, int count, ThreadPool* pool) const {
+    return Compute(first, count, [&](const internal::AttentionArgs& args) {
+      internal::PagedAttentionWith(
+          param_.avx512 ? internal::AttentionTileAvx512 : internal::AttentionTilePortable, args,
+          pool);
+    });
+  }
+
+  // The whole batch through Backend::PagedAttention (CPU memory is host memory).
+  std::vector<float> RunBackend(Backend* backend) const {
+    return Compute(0, num_tokens(), [&](const internal::AttentionArgs& args) {
+      backend->PagedAttention(
+          args.q, args.q_row_stride, *args.batch, args.shape,
+          KvLayer{const_cast<float*>(args.k_cache), const_cast<float*>(args.v_cache)}, args.out);
+    });
+  }
+
+  // The same in double precision, straight from the definition.
+  std::vector<double> Reference() const {
+    const int d = param_.head_dim, group = param_.group;
+    std::vector<double> out(tokens_.size() * RowFloats());
+    for (size_t t = 0; t < tokens_.size(); ++t) {
+      const Token& tok = tokens_[t];
+      for (int h = 0; h < shape_.num_heads; ++h) {
+        const float* q = q_.data() + t * q_stride_ + static_cast<size_t>(h) * d;
+        const size_t head = static_cast<size_t>(h / group) * d;
+        std::vector<double> w(tok.pos + 1);
+        for (int j = 0; j <= tok.pos; ++j) {
+          const float* k = k_.data() + Slot(tok.seq, j) * slot_floats_ + head;
+          double dot = 0.0;
+          for (int i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
+          w[j] = dot * shape_.scale;
+        }
+        const double max_w = *std::max_element(w.begin(), w.end());
+        double sum = 0.0;
+        for (double& x : w) sum += (x = std::exp(x - max_w));
+        for (int i = 0; i < d; ++i) {
+          double acc = 0.0;
+          for (int j = 0; j <= tok.pos; ++j) {
+            acc += w[j] * v_[Slot(tok.seq, j) * slot_floats_ + head + i];
+          }
+          out[t * RowFloats() + static_cast<size_t>(h) * d + i] = acc / sum;
+        }
+      }
+    }
+    return out;
+  }
+
+  size_t RowFloats() const { return static_cast<size_t>(shape_.num_heads) * param_.head_dim; }
+  int num_tokens() const { return static_cast<int>(tokens_.size()); }
+
+ private:
+  template <typename Fn>
+  std::vector<float> Compute(int first, int count, Fn&& fn) const {
+    std::vector<int32_t> seq, pos;
+    for (int t = first; t < first + count; ++t) {
+      seq.push_back(tokens_[t].seq);
+      pos.push_back(tokens_[t].pos);
+    }
+    AttentionBatch batch;
+    batch.num_tokens = count;
+    batch.token_seq = seq.data();
+    batch.token_pos = pos.data();
+    batch.num_seqs = static_cast<int>(lengths_.size());
+    batch.block_tables = tables_.data();
+    batch.max_blocks_per_seq = max_blocks_;
+    batch.block_size = param_.block_size;
+    internal::AttentionArgs args;
+    args.q = q_.data() + static_cast<size_t>(first) * q_stride_;
+    args.q_row_stride = q_stride_;
+    args.batch = &batch;
+    args.shape = shape_;
+    args.k_cache = k_.data();
+    args.v_cache = v_.data();
+    std::vector<float> out(static_cast<size_t>(count) * RowFloats(), NAN);
+    args.out = out.data();
+    fn(args);
+    return out;
+  }
+
+  int Blocks(int len) const { return (len + param_.block_size - 1) / param_.block_size; }
+  size_t Slot(size_t seq, int pos) const {
+    return static_cast<size_t>(tables_[seq * max_blocks_ + pos / param_.block_size]) *
+               param_.block_size +
+           pos % param_.block_size;
+  }
+
+  Param param_;
+  std::vector<int> lengths_;
+  std::mt19937 rng_;
+  AttentionShape shape_;
+  size_t slot_floats_ = 0;
+  int max_blocks_ = 0;
+  std::vector<int32_t> tables_;
+  std::vector<float> k_, v_, q_;
+  std::vector<Token> tokens_;
+  int q_stride_ = 0;
+};
+
+// A step as a scheduler makes one: decodes of several sequences around a prefill chunk
+// over a 1963-token cached prefix and a fresh 64-token prompt, out of position order.
+std::vector<Token> MixedStep() {
+  std::vector<Token> tokens = {{1, 699}, {2, 0}};
+  for (int pos = 1963; pos < 2000; ++pos) tokens.push_back({0, pos});
+  tokens.push_back({3, 129});
+  for (int pos = 0; pos < 64; ++pos) tokens.push_back({4, pos});
+  tokens.push_back({5, 16});
+  tokens.push_back({6, 47});
+  return tokens;
+}
+const std::vector<int> kMixedLengths = {2000, 700, 1, 130, 64, 17, 48};
+
+class AttentionTest : public testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    if (GetParam().avx512 && !__builtin_cpu_supports("avx512f")) {
+      GTEST_SKIP() << "CPU has no AVX-512";
+    }
+  }
+};
+
+TEST_P(AttentionTest, MatchesDoublePrecisionReference) {
+  PagedFixture f(GetParam(), kMixedLengths, 1);
+  f.SetTokens(MixedStep());
+  ThreadPool pool(2);
+  const std::vector<float> out = f.Run(0, f.num_tokens(), &pool);
+  const std::vector<double> ref = f.Reference();
+  double max_err = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(out[i])) << "element " << i;
+    // Outputs average V entries in [-1, 1], so errors are measured against 1.
+    max_err = std::max(max_err, std::abs(out[i] - ref[i]) / std::max(1.0, std::abs(ref[i])));
+  }
+  EXPECT_LT(max_err, 1e-5);
+}
+
+// The batch-invariance contract: each token's bits are those it gets computed alone.
+TEST_P(AttentionTest, TokenAloneMatchesTokenInMixedBatch) {
+  PagedFixture f(GetParam(), kMixedLengths, 2);
+  f.SetTokens(MixedStep());
+  ThreadPool pool(2);
+  const std::vector<float> batched = f.Run(0, f.num_tokens(), &pool);
+  const size_t row = f.RowFloats();
+  for (int t = 0; t < f.num_tokens(); ++t) {
+    const std::vector<float> alone = f.Run(t, 1, nullptr);
+    ASSERT_EQ(0, std::memcmp(alone.data(), batched.data() + t * row, row * sizeof(float)))
+        << "token " << t;
+  }
+  // The prefill chunk split into uneven pieces, as chunked prefill would.
+  const int chunk_begin = 2, chunk_end = 2 + 37;
+  for (int split : {chunk_begin + 1, chunk_begin + 14, chunk_end - 5}) {
+    const std::vector<float> head = f.Run(chunk_begin, split - chunk_begin, nullptr);
+    const std::vector<float> tail = f.Run(split, chunk_end - split, nullptr);
+    ASSERT_EQ(0, std::memcmp(head.data(), batched.data() + chunk_begin * row,
+                             head.size() * sizeof(float)))
+        << "split " << split;
+    ASSERT_EQ(0,
+              std::memcmp(tail.data(), batched.data() + split * row, tail.size() * sizeof(float)))
+        << "split " << split;
+  }
+}
+
+TEST_P(AttentionTest, ThreadCountDoesNotChangeBits) {
+  PagedFixture f(GetParam(), kMixedLengths, 3);
+  f.SetTokens(MixedStep());
+  const std::vector<float> one = f.Run(0, f.num_tokens(), nullptr);
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    const std::vector<float> out = f.Run(0, f.num_tokens(), &pool);
+    EXPECT_EQ(0, std::memcmp(one.data(), out.data(), one.size() * sizeof(float)))
+        << threads << " threads";
+  }
+}
+
+std::vector<Param> Params() {
+  std::vector<Param> params;
+  for (bool avx512 : {false, true}) {
+    for (int group : {1, 2, 4}) {
+      for (int head_dim : {64, 128}) params.push_back({avx512, group, head_dim, 16});
+    }
+    // Blocks that do not line up with the kernel's 16-position chunks.
+    params.push_back({avx512, 3, 64, 5});
+    params.push_back({avx512, 2, 64, 48});
+  }
+  // A head_dim the AVX-512 kernel does not take (PagedAttentionCpu falls back).
+  params.push_back({false, 2, 40, 16});
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionTest, testing::ValuesIn(Params()), Name);
+
+// The backend picks the AVX-512 kernel where the CPU has it, for any thread count.
+TEST(CpuBackendAttentionTest, MatchesItsKernelForAnyThreadCount) {
+  const Param param{__builtin_cpu_supports("avx512f") != 0, 3, 64, 16};
+  PagedFixture f(param, kMixedLengths, 4);
+  f.SetTokens(MixedStep());
+  const std::vector<float> expected = f.Run(0, f.num_tokens(), nullptr);
+  for (int threads : {1, 2, 3}) {
+    std::unique_ptr<Backend> backend = MakeCpuBackend(threads);
+    const std::vector<float> out = f.RunBackend(backend.get());
+    EXPECT_EQ(0, std::memcmp(expected.data(), out.data(), out.size() * sizeof(float)))
+        << threads << " threads";
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::kernels
