@@ -3,7 +3,10 @@
 // relative error, and 32 identical greedy tokens, for every test checkpoint variant
 // (GQA + Llama-3 RoPE scaling; tied embeddings + MHA + bf16 shards + linear scaling;
 // Qwen2 qkv bias + f16).
+#include <algorithm>
+#include <cstdio>
 #include <numeric>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "tests/support/test_support.h"
@@ -22,6 +25,7 @@ TEST_P(ReferenceTest, LogitsAtEveryPromptPositionMatch) {
   const Reference ref = LoadReference(GetParam());
   ASSERT_FALSE(ref.prompts.empty());
   const int vocab = w->model->config().vocab_size;
+  double max_err = 0.0;
   for (size_t p = 0; p < ref.prompts.size(); ++p) {
     const std::vector<int32_t>& prompt = ref.prompts[p];
     const int n = static_cast<int>(prompt.size());
@@ -44,8 +48,11 @@ TEST_P(ReferenceTest, LogitsAtEveryPromptPositionMatch) {
       const double err = RelativeError(logits.data() + static_cast<size_t>(t) * vocab,
                                        ref.logits[p][t].data(), vocab);
       EXPECT_LT(err, 1e-4) << "prompt " << p << " position " << t;
+      max_err = std::max(max_err, err);
     }
   }
+  RecordProperty("max_relative_error", std::to_string(max_err));
+  std::printf("%s: max relative logit error vs reference %.3g\n", GetParam().c_str(), max_err);
 }
 
 TEST_P(ReferenceTest, GreedyTokensMatch) {
