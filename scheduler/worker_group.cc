@@ -36,6 +36,24 @@ bool IsTransient(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// Makes `call` (given a fresh context) until it succeeds, fails for good, `retry` is
+// false, or `deadline` passes. wait_for_ready makes a call wait for a worker that is
+// still starting.
+template <typename Call>
+grpc::Status CallUntil(std::chrono::system_clock::time_point deadline, bool retry, Call call) {
+  for (;;) {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    context.set_wait_for_ready(true);
+    grpc::Status status = call(&context);
+    if (!retry || !IsTransient(status.error_code()) ||
+        std::chrono::system_clock::now() >= deadline) {
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
 }  // namespace
 
 WorkerGroup::WorkerGroup(Options options) : options_(std::move(options)) {
@@ -50,6 +68,20 @@ WorkerGroup::WorkerGroup(Options options) : options_(std::move(options)) {
 absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
     std::chrono::system_clock::time_point deadline) {
   const int world = world_size();
+  // Rank 0 creates the id through which the ranks of a tensor-parallel group connect.
+  v1::CreateCollectiveIdResponse collective;
+  if (world > 1) {
+    const grpc::Status status =
+        CallUntil(deadline, /*retry=*/true, [&](grpc::ClientContext* context) {
+          return stubs_[0]->CreateCollectiveId(context, v1::CreateCollectiveIdRequest(),
+                                               &collective);
+        });
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          absl::StrCat("worker rank 0 (", options_.addresses[0],
+                                       "): CreateCollectiveId failed: ", status.error_message()));
+    }
+  }
   std::vector<v1::InitResponse> responses(world);
   std::vector<grpc::Status> statuses(world);
   std::vector<std::thread> threads;
@@ -59,22 +91,16 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
       request.set_model_path(options_.model_path);
       request.set_tp_rank(rank);
       request.set_tp_world_size(world);
+      request.set_collective_id(collective.collective_id());
       request.set_block_size(options_.block_size);
       request.set_kv_cache_bytes(options_.kv_cache_bytes);
       request.set_max_step_tokens(options_.max_step_tokens);
       request.set_max_step_sequences(options_.max_step_sequences);
-      // Workers may still be starting: wait for them, bounded by the deadline.
-      for (;;) {
-        grpc::ClientContext context;
-        context.set_deadline(deadline);
-        context.set_wait_for_ready(true);
-        statuses[rank] = stubs_[rank]->Init(&context, request, &responses[rank]);
-        if (!IsTransient(statuses[rank].error_code()) ||
-            std::chrono::system_clock::now() >= deadline) {
-          return;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      }
+      // The ranks of a group connect inside Init, so one rank retrying alone cannot
+      // succeed once the others gave up (and rank 0 then wants a new id): no retries.
+      statuses[rank] = CallUntil(deadline, /*retry=*/world == 1, [&](grpc::ClientContext* c) {
+        return stubs_[rank]->Init(c, request, &responses[rank]);
+      });
     });
   }
   for (std::thread& t : threads) t.join();

@@ -35,8 +35,9 @@ class WorkerGroup final : public StepExecutor {
 
   explicit WorkerGroup(Options options);
 
-  // Calls Init on every rank in parallel, retrying unreachable ranks until `deadline`.
-  // An Init that a worker rejects (bad model path, …) is returned at once.
+  // Calls Init on every rank in parallel, waiting for ranks that are still starting
+  // until `deadline`; with several ranks, first asks rank 0 for the collective id that
+  // every Init carries. An Init that a worker rejects (bad model path, …) is returned.
   absl::StatusOr<Info> Initialize(std::chrono::system_clock::time_point deadline);
 
   absl::StatusOr<worker::v1::StepResponse> Step(const worker::v1::StepRequest& request) override;

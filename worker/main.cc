@@ -1,5 +1,7 @@
 // conveyor-worker: serves one tensor-parallel rank of a model over gRPC
 // (proto/worker.proto). The scheduler tells it what to load (Init) and what to run (Step).
+#include <unistd.h>
+
 #include <csignal>
 #include <memory>
 #include <string>
@@ -25,6 +27,10 @@ ABSL_FLAG(double, gpu_memory_fraction, 0.85,
           "cuda: share of the free device memory (after weights) for the KV cache when the "
           "scheduler does not set kv_cache_bytes.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses one per core.");
+ABSL_FLAG(std::string, collective_host, "",
+          "Address the other tensor-parallel ranks reach this one at (cpu: Gloo's rendezvous "
+          "store and TCP pairs). Empty: --host, or this machine's hostname when --host is "
+          "0.0.0.0.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 
 namespace {
@@ -38,6 +44,17 @@ void WaitForSignalThenShutdown(conveyor::worker::WorkerService* service, sigset_
   conveyor::worker::v1::ShutdownRequest request;
   conveyor::worker::v1::ShutdownResponse response;
   service->Shutdown(&unused_context, &request, &response);
+}
+
+// --collective_host, defaulted as its help says.
+std::string CollectiveHost() {
+  std::string host = absl::GetFlag(FLAGS_collective_host);
+  if (!host.empty()) return host;
+  host = absl::GetFlag(FLAGS_host);
+  if (host != "0.0.0.0" && host != "::" && host != "[::]") return host;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
+  return name;
 }
 
 }  // namespace
@@ -77,6 +94,7 @@ int main(int argc, char** argv) {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
   options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  options.collective_host = CollectiveHost();
   options.metrics = &metrics;
   conveyor::worker::WorkerService service(options);
 

@@ -1,5 +1,6 @@
 #include "worker/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -59,6 +60,10 @@ class CheckpointSource final : public WeightSource {
                        float* out) const override {
     return ckpt_->ReadF32(name, shape, out);
   }
+  absl::Status ReadF32Slice(const std::string& name, const std::vector<int64_t>& shape, int dim,
+                            int64_t begin, int64_t end, float* out) const override {
+    return ckpt_->ReadF32Slice(name, shape, dim, begin, end, out);
+  }
 
  private:
   std::unique_ptr<Checkpoint> ckpt_;
@@ -89,10 +94,48 @@ class RandomSource final : public WeightSource {
     }
     return absl::OkStatus();
   }
+  // Generates the whole tensor and keeps the slice, so that a shard holds exactly the
+  // values the unsharded model has.
+  absl::Status ReadF32Slice(const std::string& name, const std::vector<int64_t>& shape, int dim,
+                            int64_t begin, int64_t end, float* out) const override {
+    if (shape.empty() || shape.size() > 2 || dim < 0 || dim >= static_cast<int>(shape.size()) ||
+        begin < 0 || begin > end || end > shape[dim]) {
+      return absl::OutOfRangeError(absl::StrCat("slice [", begin, ", ", end, ") of dimension ",
+                                                dim, " of random tensor '", name, "'"));
+    }
+    const int64_t rows = shape[0];
+    const int64_t cols = shape.size() == 2 ? shape[1] : 1;
+    std::vector<float> whole(rows * cols);
+    RETURN_IF_ERROR(ReadF32(name, shape, whole.data()));
+    if (dim == 0) {
+      std::copy(whole.begin() + begin * cols, whole.begin() + end * cols, out);
+      return absl::OkStatus();
+    }
+    for (int64_t row = 0; row < rows; ++row) {
+      std::copy(whole.begin() + row * cols + begin, whole.begin() + row * cols + end,
+                out + row * (end - begin));
+    }
+    return absl::OkStatus();
+  }
 
  private:
   uint64_t seed_;
 };
+
+// Tensor parallelism splits heads and the MLP evenly; the vocabulary is padded instead.
+absl::Status CheckShardable(const ModelConfig& c, int world) {
+  for (const auto& [what, value] : {std::pair<const char*, int>{"num_attention_heads",
+                                                                c.num_attention_heads},
+                                    {"num_key_value_heads", c.num_kv_heads},
+                                    {"intermediate_size", c.intermediate_size}}) {
+    if (value % world != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor parallelism over ", world, " ranks needs ", what,
+                       " divisible by ", world, ", but the model has ", value));
+    }
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -112,19 +155,35 @@ void ForwardBatch::Clear() {
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
-                                                             kernels::Backend* backend) {
+                                                             kernels::Backend* backend,
+                                                             Communicator* comm) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
-  return Create(config, CheckpointSource(std::move(ckpt)), backend);
+  return Create(config, CheckpointSource(std::move(ckpt)), backend, comm);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const ModelConfig& config,
                                                                const WeightSource& weights,
-                                                               kernels::Backend* backend) {
-  std::unique_ptr<LlamaModel> model(new LlamaModel(config, backend));
+                                                               kernels::Backend* backend,
+                                                               Communicator* comm) {
+  RETURN_IF_ERROR(CheckShardable(config, comm == nullptr ? 1 : comm->world_size()));
+  std::unique_ptr<LlamaModel> model(new LlamaModel(config, backend, comm));
   RETURN_IF_ERROR(model->LoadWeights(weights));
   RETURN_IF_ERROR(model->BuildRopeTable());
   return model;
+}
+
+LlamaModel::LlamaModel(ModelConfig config, kernels::Backend* backend, Communicator* comm)
+    : config_(std::move(config)),
+      backend_(backend),
+      own_comm_(comm == nullptr ? MakeSingleRankCommunicator() : nullptr),
+      comm_(comm == nullptr ? own_comm_.get() : comm) {
+  const int world = comm_->world_size();
+  num_heads_ = config_.num_attention_heads / world;
+  num_kv_heads_ = config_.num_kv_heads / world;
+  ffn_ = config_.intermediate_size / world;
+  vocab_shard_ = (config_.vocab_size + world - 1) / world;
+  vocab_begin_ = comm_->rank() * vocab_shard_;
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -134,67 +193,116 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
   const int64_t hidden = c.hidden_size, vocab = c.vocab_size, ffn = c.intermediate_size;
   const int64_t q_dim = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  // This rank's rows of q, k, v and gate/up, columns of o and down.
+  const int rank = comm_->rank();
+  const int64_t q_local = static_cast<int64_t>(num_heads_) * c.head_dim;
+  const int64_t kv_local = static_cast<int64_t>(num_kv_heads_) * c.head_dim;
+  const int64_t ffn_local = ffn_;
 
   std::vector<float> host;
-  // Reads a vector/matrix into backend memory, as float32 or in the compute dtype.
-  auto upload = [&](const std::string& name, std::vector<int64_t> shape, bool keep_f32,
+  // Uploads `values` to the backend, as float32 or in the compute dtype.
+  auto upload = [&](const std::vector<float>& values, bool keep_f32,
                     BackendBuffer* out) -> absl::Status {
-    int64_t count = 1;
-    for (int64_t d : shape) count *= d;
-    host.resize(count);
-    RETURN_IF_ERROR(weights.ReadF32(name, shape, host.data()));
-    ASSIGN_OR_RETURN(void* ptr, keep_f32 ? backend_->UploadF32(host.data(), count)
-                                         : backend_->UploadCompute(host.data(), count));
+    ASSIGN_OR_RETURN(void* ptr, keep_f32 ? backend_->UploadF32(values.data(), values.size())
+                                         : backend_->UploadCompute(values.data(), values.size()));
     *out = BackendBuffer(ptr, kernels::BackendDeleter{backend_});
-    weight_bytes_ += count * (keep_f32 ? sizeof(float) : backend_->activation_bytes());
+    weight_bytes_ += values.size() * (keep_f32 ? sizeof(float) : backend_->activation_bytes());
     return absl::OkStatus();
   };
-  // Reads matrices with the same input width stacked along the output dimension, with
-  // their biases (absent ones are zeros) when `with_bias`, into one packed linear layer.
+  auto upload_norm = [&](const std::string& name, BackendBuffer* out) -> absl::Status {
+    host.resize(hidden);
+    RETURN_IF_ERROR(weights.ReadF32(name, {hidden}, host.data()));
+    return upload(host, true, out);
+  };
+  // Reads rows [begin, end) of `name` (shape {rows} or {rows, cols}) into `out`; rows
+  // past the tensor's end (vocabulary padding) are left as they are.
+  auto read_rows = [&](const std::string& name, std::vector<int64_t> shape, int64_t begin,
+                       int64_t end, float* out) -> absl::Status {
+    end = std::min(end, shape[0]);
+    if (end <= begin) return absl::OkStatus();
+    return weights.ReadF32Slice(name, shape, 0, begin, end, out);
+  };
   std::vector<float> bias;
-  auto pack = [&](const std::vector<std::pair<std::string, int64_t>>& parts, int64_t in,
-                  bool with_bias) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
-    int64_t out = 0;
-    for (const auto& [name, rows] : parts) out += rows;
-    host.resize(out * in);
-    bias.assign(with_bias ? out : 0, 0.0f);
-    int64_t row = 0;
-    for (const auto& [name, rows] : parts) {
-      RETURN_IF_ERROR(weights.ReadF32(name + ".weight", {rows, in}, host.data() + row * in));
-      if (with_bias) {
-        RETURN_IF_ERROR(weights.ReadF32(name + ".bias", {rows}, bias.data() + row));
-      }
-      row += rows;
-    }
-    ASSIGN_OR_RETURN(auto weight,
-                     backend_->PackLinear(host.data(), static_cast<int>(out),
-                                          static_cast<int>(in),
-                                          with_bias ? bias.data() : nullptr));
+  auto finish = [&](int64_t out, int64_t in, bool with_bias)
+      -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
+    ASSIGN_OR_RETURN(auto weight, backend_->PackLinear(host.data(), static_cast<int>(out),
+                                                       static_cast<int>(in),
+                                                       with_bias ? bias.data() : nullptr));
     weight_bytes_ += weight->size_bytes();
     return weight;
   };
+  // Rows [begin, end) of a checkpoint matrix [rows, in] (and of its bias).
+  struct RowSlice {
+    std::string name;
+    int64_t rows, begin, end;
+  };
+  // A column-parallel layer: row slices of matrices with input width `in`, stacked along
+  // the output dimension, with their biases (absent ones are zeros) when `with_bias`.
+  auto pack_rows = [&](const std::vector<RowSlice>& parts, int64_t in,
+                       bool with_bias) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
+    int64_t out = 0;
+    for (const RowSlice& p : parts) out += p.end - p.begin;
+    host.assign(out * in, 0.0f);
+    bias.assign(with_bias ? out : 0, 0.0f);
+    int64_t row = 0;
+    for (const RowSlice& p : parts) {
+      RETURN_IF_ERROR(read_rows(p.name + ".weight", {p.rows, in}, p.begin, p.end,
+                                host.data() + row * in));
+      if (with_bias) {
+        RETURN_IF_ERROR(read_rows(p.name + ".bias", {p.rows}, p.begin, p.end, bias.data() + row));
+      }
+      row += p.end - p.begin;
+    }
+    return finish(out, in, with_bias);
+  };
+  // A row-parallel layer: input columns [begin, end) of matrix `name` [out, in], with its
+  // whole bias when `with_bias` (one rank adds it, before the all-reduce).
+  auto pack_columns = [&](const std::string& name, int64_t out, int64_t in, int64_t begin,
+                          int64_t end, bool with_bias)
+      -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
+    host.resize(out * (end - begin));
+    RETURN_IF_ERROR(weights.ReadF32Slice(name + ".weight", {out, in}, 1, begin, end,
+                                         host.data()));
+    bias.resize(with_bias ? out : 0);
+    if (with_bias) RETURN_IF_ERROR(weights.ReadF32(name + ".bias", {out}, bias.data()));
+    return finish(out, end - begin, with_bias);
+  };
 
-  RETURN_IF_ERROR(upload("model.embed_tokens.weight", {vocab, hidden}, false, &embedding_));
+  host.assign((vocab_shard_ + 1) * hidden, 0.0f);
+  RETURN_IF_ERROR(read_rows("model.embed_tokens.weight", {vocab, hidden}, vocab_begin_,
+                            vocab_begin_ + vocab_shard_, host.data()));
+  RETURN_IF_ERROR(upload(host, false, &embedding_));
   layers_.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
     Layer& l = layers_[i];
-    RETURN_IF_ERROR(upload(LayerName(i, "input_layernorm.weight"), {hidden}, true, &l.input_norm));
-    RETURN_IF_ERROR(upload(LayerName(i, "post_attention_layernorm.weight"), {hidden},
-                           true, &l.post_attention_norm));
-    ASSIGN_OR_RETURN(l.qkv, pack({{LayerName(i, "self_attn.q_proj"), q_dim},
-                                  {LayerName(i, "self_attn.k_proj"), kv_dim},
-                                  {LayerName(i, "self_attn.v_proj"), kv_dim}},
-                                 hidden, c.qkv_bias));
-    ASSIGN_OR_RETURN(l.o, pack({{LayerName(i, "self_attn.o_proj"), hidden}}, q_dim, c.o_bias));
-    ASSIGN_OR_RETURN(l.gate_up, pack({{LayerName(i, "mlp.gate_proj"), ffn},
-                                      {LayerName(i, "mlp.up_proj"), ffn}},
-                                     hidden, false));
-    ASSIGN_OR_RETURN(l.down, pack({{LayerName(i, "mlp.down_proj"), hidden}}, ffn, false));
+    RETURN_IF_ERROR(upload_norm(LayerName(i, "input_layernorm.weight"), &l.input_norm));
+    RETURN_IF_ERROR(upload_norm(LayerName(i, "post_attention_layernorm.weight"),
+                                &l.post_attention_norm));
+    ASSIGN_OR_RETURN(
+        l.qkv, pack_rows({{LayerName(i, "self_attn.q_proj"), q_dim, rank * q_local,
+                           (rank + 1) * q_local},
+                          {LayerName(i, "self_attn.k_proj"), kv_dim, rank * kv_local,
+                           (rank + 1) * kv_local},
+                          {LayerName(i, "self_attn.v_proj"), kv_dim, rank * kv_local,
+                           (rank + 1) * kv_local}},
+                         hidden, c.qkv_bias));
+    ASSIGN_OR_RETURN(l.o, pack_columns(LayerName(i, "self_attn.o_proj"), hidden, q_dim,
+                                       rank * q_local, (rank + 1) * q_local,
+                                       c.o_bias && rank == 0));
+    ASSIGN_OR_RETURN(l.gate_up,
+                     pack_rows({{LayerName(i, "mlp.gate_proj"), ffn, rank * ffn_local,
+                                 (rank + 1) * ffn_local},
+                                {LayerName(i, "mlp.up_proj"), ffn, rank * ffn_local,
+                                 (rank + 1) * ffn_local}},
+                               hidden, false));
+    ASSIGN_OR_RETURN(l.down, pack_columns(LayerName(i, "mlp.down_proj"), hidden, ffn,
+                                          rank * ffn_local, (rank + 1) * ffn_local, false));
   }
-  RETURN_IF_ERROR(upload("model.norm.weight", {hidden}, true, &final_norm_));
+  RETURN_IF_ERROR(upload_norm("model.norm.weight", &final_norm_));
   const bool tied = c.tie_word_embeddings || !weights.Contains("lm_head.weight");
-  ASSIGN_OR_RETURN(lm_head_,
-                   pack({{tied ? "model.embed_tokens" : "lm_head", vocab}}, hidden, false));
+  ASSIGN_OR_RETURN(lm_head_, pack_rows({{tied ? "model.embed_tokens" : "lm_head", vocab,
+                                         vocab_begin_, vocab_begin_ + vocab_shard_}},
+                                       hidden, false));
   return absl::OkStatus();
 }
 
@@ -227,21 +335,20 @@ absl::Status LlamaModel::Reserve(int num_tokens, int num_logit_rows, int metadat
   if (num_tokens > reserved_tokens_) {
     // Grow geometrically so a slowly rising batch does not reallocate every step.
     const size_t n = std::max(num_tokens, 2 * reserved_tokens_);
-    const size_t qkv_width = static_cast<size_t>(c.num_attention_heads + 2 * c.num_kv_heads) *
-                             c.head_dim;
+    const size_t qkv_width = static_cast<size_t>(num_heads_ + 2 * num_kv_heads_) * c.head_dim;
     RETURN_IF_ERROR(grow(&residual_, n * c.hidden_size));
     RETURN_IF_ERROR(grow(&normed_, n * c.hidden_size));
     RETURN_IF_ERROR(grow(&qkv_, n * qkv_width));
-    RETURN_IF_ERROR(grow(&attention_, n * c.num_attention_heads * c.head_dim));
+    RETURN_IF_ERROR(grow(&attention_, n * num_heads_ * c.head_dim));
     RETURN_IF_ERROR(grow(&projected_, n * c.hidden_size));
-    RETURN_IF_ERROR(grow(&gate_up_, n * 2 * c.intermediate_size));
-    RETURN_IF_ERROR(grow(&mlp_, n * c.intermediate_size));
+    RETURN_IF_ERROR(grow(&gate_up_, n * 2 * ffn_));
+    RETURN_IF_ERROR(grow(&mlp_, n * ffn_));
     reserved_tokens_ = static_cast<int>(n);
   }
   if (num_logit_rows > reserved_logit_rows_) {
     const size_t n = std::max(num_logit_rows, 2 * reserved_logit_rows_);
     RETURN_IF_ERROR(grow(&final_rows_, n * c.hidden_size));
-    RETURN_IF_ERROR(grow(&logits_, n * c.vocab_size));
+    RETURN_IF_ERROR(grow(&logits_, n * comm_->world_size() * vocab_shard_));
     reserved_logit_rows_ = static_cast<int>(n);
   }
   if (metadata_ints > reserved_metadata_ints_) {
@@ -261,6 +368,12 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache
   const int metadata_ints = 4 * n + static_cast<int>(batch.block_tables.size()) + rows;
   RETURN_IF_ERROR(Reserve(n, rows, metadata_ints));
 
+  shard_ids_.resize(n);
+  for (int t = 0; t < n; ++t) {
+    const int32_t row = batch.token_ids[t] - vocab_begin_;
+    shard_ids_[t] = row >= 0 && row < vocab_shard_ ? row : vocab_shard_;
+  }
+
   // Step metadata, copied to the backend in one buffer.
   int32_t* meta = static_cast<int32_t*>(metadata_.get());
   size_t offset = 0;
@@ -270,7 +383,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache
     offset += v.size();
     return dst;
   };
-  const int32_t* ids = put(batch.token_ids);
+  const int32_t* ids = put(shard_ids_);
   kernels::AttentionBatch attn;
   attn.num_tokens = n;
   attn.token_seq = put(batch.token_seq);
@@ -283,19 +396,20 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache
   const int32_t* logit_rows = put(batch.logit_rows);
 
   kernels::AttentionShape shape;
-  shape.num_heads = c.num_attention_heads;
-  shape.num_kv_heads = c.num_kv_heads;
+  shape.num_heads = num_heads_;
+  shape.num_kv_heads = num_kv_heads_;
   shape.head_dim = c.head_dim;
   shape.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  const int qkv_width = (c.num_attention_heads + 2 * c.num_kv_heads) * c.head_dim;
+  const int qkv_width = (num_heads_ + 2 * num_kv_heads_) * c.head_dim;
   const size_t act = backend_->activation_bytes();
   char* qkv = static_cast<char*>(qkv_.get());
-  void* k_part = qkv + static_cast<size_t>(c.num_attention_heads) * c.head_dim * act;
-  void* v_part = qkv + static_cast<size_t>(c.num_attention_heads + c.num_kv_heads) *
-                           c.head_dim * act;
+  void* k_part = qkv + static_cast<size_t>(num_heads_) * c.head_dim * act;
+  void* v_part = qkv + static_cast<size_t>(num_heads_ + num_kv_heads_) * c.head_dim * act;
+  const size_t hidden_count = static_cast<size_t>(n) * c.hidden_size;
 
   kernels::Backend& b = *backend_;
   b.Embedding(embedding_.get(), c.hidden_size, ids, n, residual_.get());
+  RETURN_IF_ERROR(comm_->AllReduceSum(residual_.get(), hidden_count));
   for (int i = 0; i < c.num_layers; ++i) {
     const Layer& l = layers_[i];
     if (i == 0) {
@@ -311,20 +425,37 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache
     b.WriteKv(k_part, v_part, n, qkv_width, attn.slot_mapping, shape, cache.layer(i));
     b.PagedAttention(qkv, qkv_width, attn, shape, cache.layer(i), attention_.get());
     b.Linear(attention_.get(), n, *l.o, projected_.get());
+    RETURN_IF_ERROR(comm_->AllReduceSum(projected_.get(), hidden_count));
     b.AddRmsNorm(residual_.get(), projected_.get(), l.post_attention_norm.get(), n,
                  c.hidden_size, c.rms_norm_eps, normed_.get());
     b.Linear(normed_.get(), n, *l.gate_up, gate_up_.get());
-    b.SiluMul(gate_up_.get(), n, c.intermediate_size, mlp_.get());
+    b.SiluMul(gate_up_.get(), n, ffn_, mlp_.get());
     b.Linear(mlp_.get(), n, *l.down, projected_.get());
+    RETURN_IF_ERROR(comm_->AllReduceSum(projected_.get(), hidden_count));
   }
   if (rows == 0) return absl::OkStatus();
   // Only the rows that sample need the final norm and the (large) LM head.
   b.AddRmsNorm(residual_.get(), projected_.get(), final_norm_.get(), n, c.hidden_size,
                c.rms_norm_eps, normed_.get());
   b.GatherRows(normed_.get(), c.hidden_size, logit_rows, rows, final_rows_.get());
-  b.Linear(final_rows_.get(), rows, *lm_head_, logits_.get());
-  b.CopyActivationsToHost(logits, logits_.get(), static_cast<size_t>(rows) * c.vocab_size);
+  const int world = comm_->world_size();
+  const size_t slice = static_cast<size_t>(rows) * vocab_shard_;
+  b.Linear(final_rows_.get(), rows, *lm_head_,
+           static_cast<char*>(logits_.get()) + comm_->rank() * slice * act);
+  RETURN_IF_ERROR(comm_->AllGather(logits_.get(), slice));
+  gathered_.resize(world * slice);
+  b.CopyActivationsToHost(gathered_.data(), logits_.get(), gathered_.size());
   b.Synchronize();
+  // [world, rows, vocab_shard] to [rows, vocab], dropping the last shard's padding.
+  for (int r = 0; r < world; ++r) {
+    const int begin = r * vocab_shard_;
+    const int width = std::min(vocab_shard_, c.vocab_size - begin);
+    for (int row = 0; row < rows && width > 0; ++row) {
+      std::memcpy(logits + static_cast<size_t>(row) * c.vocab_size + begin,
+                  gathered_.data() + r * slice + static_cast<size_t>(row) * vocab_shard_,
+                  width * sizeof(float));
+    }
+  }
   return absl::OkStatus();
 }
 

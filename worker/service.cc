@@ -14,6 +14,7 @@
 #include "spdlog/spdlog.h"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
+#include "worker/nccl_communicator.h"
 #endif
 
 namespace conveyor::worker {
@@ -27,6 +28,8 @@ constexpr int kDefaultMaxStepSequences = 256;
 // to a cap (a CPU worker rarely profits from more).
 constexpr double kDefaultKvShareOfAvailableMemory = 0.3;
 constexpr uint64_t kDefaultKvCapBytes = 4ull << 30;
+// Longest an Init waits for the other ranks when its call carries no deadline.
+constexpr std::chrono::minutes kMaxRendezvousWait{10};
 
 // MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
 uint64_t AvailableMemoryBytes() {
@@ -39,6 +42,13 @@ uint64_t AvailableMemoryBytes() {
   }
   return 0;
 }
+
+#ifndef CONVEYOR_HAVE_CUDA
+absl::Status NoCudaError() {
+  return absl::UnimplementedError(
+      "this worker was built without CUDA; rebuild with -DCONVEYOR_CUDA=ON");
+}
+#endif
 
 void FillModelInfo(const ModelConfig& c, v1::ModelInfo* info) {
   info->set_architecture(c.architecture);
@@ -66,6 +76,7 @@ bool WorkerService::initialized() const {
 }
 
 absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
+                                       std::chrono::system_clock::time_point deadline,
                                        v1::InitResponse* response) {
   if (engine_ != nullptr) {
     if (google::protobuf::util::MessageDifferencer::Equals(request, init_request_)) {
@@ -86,9 +97,14 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
     return absl::InvalidArgumentError(absl::StrCat("tp_rank ", request.tp_rank(),
                                                    " is outside tp_world_size ", world));
   }
-  if (world > 1) {
-    return absl::UnimplementedError(
-        "tensor parallelism (tp_world_size > 1) is not available in this build");
+  if (world > 1 && request.collective_id().empty()) {
+    return absl::InvalidArgumentError(
+        "tp_world_size > 1 needs the collective_id that rank 0's CreateCollectiveId made");
+  }
+  if (world > 1 && request.tp_rank() == 0 && request.collective_id() != created_collective_id_) {
+    return absl::FailedPreconditionError(
+        "collective_id is not the one this rank 0 created last (did it restart, or did an "
+        "earlier Init with it fail?); call CreateCollectiveId again");
   }
   const int block_size = request.block_size() == 0 ? kDefaultBlockSize : request.block_size();
   if (block_size < 1 || block_size > kMaxBlockSize) {
@@ -101,10 +117,18 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
 
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, MakeBackend());
-  ASSIGN_OR_RETURN(auto model, LlamaModel::Load(request.model_path(), backend.get()));
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = Connect(request, backend.get(), deadline);
+  if (request.tp_rank() == 0) {
+    // Connected, every rank is done with the rendezvous; failed, the group needs a new id.
+    gloo_rendezvous_.reset();
+    created_collective_id_.clear();
+  }
+  RETURN_IF_ERROR(comm.status());
+  ASSIGN_OR_RETURN(auto model, LlamaModel::Load(request.model_path(), backend.get(), comm->get()));
   const ModelConfig& c = model->config();
-  const size_t block_bytes = KvCache::BytesPerBlock(c.num_layers, c.num_kv_heads, c.head_dim,
-                                                    block_size, backend->activation_bytes());
+  const size_t block_bytes =
+      KvCache::BytesPerBlock(c.num_layers, model->local_num_kv_heads(), c.head_dim, block_size,
+                             backend->activation_bytes());
   uint64_t budget = request.kv_cache_bytes();
   if (budget == 0) {
     ASSIGN_OR_RETURN(budget, DefaultKvBudget());
@@ -113,8 +137,8 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   if (num_blocks > static_cast<uint64_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("kv_cache_bytes is too large");
   }
-  ASSIGN_OR_RETURN(auto cache, KvCache::Create(backend.get(), c.num_layers, c.num_kv_heads,
-                                               c.head_dim, block_size,
+  ASSIGN_OR_RETURN(auto cache, KvCache::Create(backend.get(), c.num_layers,
+                                               model->local_num_kv_heads(), c.head_dim, block_size,
                                                static_cast<int>(num_blocks)));
   StepEngine::Options engine_options;
   engine_options.max_step_tokens =
@@ -136,10 +160,11 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   response->set_kv_cache_bytes(cache->size_bytes());
   response->set_load_time_ms(load_ms);
   response->set_backend(backend->name());
-  spdlog::info("loaded {} ({} layers, {} parameters) on {} in {:.0f} ms; KV cache: {} blocks of "
-               "{} tokens ({} MiB)",
-               request.model_path(), c.num_layers, c.NumParameters(), backend->name(), load_ms,
-               cache->num_blocks(), block_size, cache->size_bytes() >> 20);
+  spdlog::info("loaded {} ({} layers, {} parameters; rank {} of {}) on {} in {:.0f} ms; KV "
+               "cache: {} blocks of {} tokens ({} MiB)",
+               request.model_path(), c.num_layers, c.NumParameters(), request.tp_rank(), world,
+               backend->name(), load_ms, cache->num_blocks(), block_size,
+               cache->size_bytes() >> 20);
 
   if (options_.metrics != nullptr) {
     options_.metrics->Initialized(
@@ -151,6 +176,7 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   init_request_ = request;
   init_response_ = *response;
   backend_ = std::move(backend);
+  comm_ = std::move(*comm);
   model_ = std::move(model);
   cache_ = std::move(cache);
   return absl::OkStatus();
@@ -163,12 +189,60 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> WorkerService::MakeBackend() c
     ASSIGN_OR_RETURN(auto backend, kernels::MakeCudaBackend(options_.device));
     return std::unique_ptr<kernels::Backend>(std::move(backend));
 #else
-    return absl::UnimplementedError(
-        "this worker was built without CUDA; rebuild with -DCONVEYOR_CUDA=ON");
+    return NoCudaError();
 #endif
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown backend \"", options_.backend, "\"; use cpu or cuda"));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> WorkerService::Connect(
+    const v1::InitRequest& request, kernels::Backend* backend,
+    std::chrono::system_clock::time_point deadline) const {
+  const int world = request.tp_world_size();
+  if (world <= 1) return MakeSingleRankCommunicator();
+  absl::StatusOr<std::unique_ptr<Communicator>> comm;
+  if (options_.backend == "cpu") {
+    comm = ConnectGloo(request.collective_id(), request.tp_rank(), world,
+                       options_.collective_host, deadline);
+  } else {
+#ifdef CONVEYOR_HAVE_CUDA
+    // MakeBackend made the CUDA backend with default options, hence their dtype.
+    comm = ConnectNccl(request.collective_id(), request.tp_rank(), world,
+                       static_cast<kernels::CudaBackend*>(backend),
+                       kernels::CudaBackendOptions().dtype);
+#else
+    comm = NoCudaError();
+#endif
+  }
+  if (comm.ok()) {
+    spdlog::info("rank {} of {} joined its tensor-parallel group", request.tp_rank(), world);
+  }
+  return comm;
+}
+
+absl::StatusOr<std::string> WorkerService::CreateCollectiveIdLocked() {
+  if (engine_ != nullptr) {
+    // The id of the Init that succeeded: a restarted scheduler then repeats that Init.
+    if (init_request_.tp_world_size() > 1 && init_request_.tp_rank() == 0) {
+      return init_request_.collective_id();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker is initialised as rank ", init_request_.tp_rank(), " of ",
+        std::max(init_request_.tp_world_size(), 1), "; ask the rank 0 of a new group"));
+  }
+  if (options_.backend == "cuda") {
+#ifdef CONVEYOR_HAVE_CUDA
+    ASSIGN_OR_RETURN(created_collective_id_, CreateNcclCollectiveId());
+    return created_collective_id_;
+#else
+    return NoCudaError();
+#endif
+  }
+  gloo_rendezvous_.reset();
+  ASSIGN_OR_RETURN(gloo_rendezvous_, GlooRendezvousServer::Start(options_.collective_host));
+  created_collective_id_ = gloo_rendezvous_->collective_id();
+  return created_collective_id_;
 }
 
 absl::StatusOr<uint64_t> WorkerService::DefaultKvBudget() const {
@@ -183,10 +257,12 @@ absl::StatusOr<uint64_t> WorkerService::DefaultKvBudget() const {
                                                             kDefaultKvShareOfAvailableMemory));
 }
 
-grpc::Status WorkerService::Init(grpc::ServerContext*, const v1::InitRequest* request,
+grpc::Status WorkerService::Init(grpc::ServerContext* context, const v1::InitRequest* request,
                                  v1::InitResponse* response) {
+  const auto deadline =
+      std::min(context->deadline(), std::chrono::system_clock::now() + kMaxRendezvousWait);
   std::lock_guard<std::mutex> lock(mu_);
-  const absl::Status status = InitLocked(*request, response);
+  const absl::Status status = InitLocked(*request, deadline, response);
   if (!status.ok()) spdlog::error("Init failed: {}", status.ToString());
   return ToGrpcStatus(status);
 }
@@ -227,6 +303,19 @@ grpc::Status WorkerService::Shutdown(grpc::ServerContext*, const v1::ShutdownReq
     shutdown_requested_ = true;
   }
   shutdown_cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::CreateCollectiveId(grpc::ServerContext*,
+                                               const v1::CreateCollectiveIdRequest*,
+                                               v1::CreateCollectiveIdResponse* response) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<std::string> id = CreateCollectiveIdLocked();
+  if (!id.ok()) {
+    spdlog::error("CreateCollectiveId failed: {}", id.status().ToString());
+    return ToGrpcStatus(id.status());
+  }
+  response->set_collective_id(*std::move(id));
   return grpc::Status::OK;
 }
 

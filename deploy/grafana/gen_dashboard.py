@@ -178,8 +178,13 @@ def build():
     g.panel("timeseries", "KV blocks", "Blocks referenced by live requests, and blocks held.",
             [(f"sum(conveyor_kv_blocks_used{{{SCHED}}})", "used"),
              (f"sum(conveyor_kv_blocks_capacity{{{SCHED}}})", "total")], "short", 6, 8)
-    g.panel("timeseries", "KV usage ratio", "Used blocks / total blocks.",
-            [(kv_ratio, "used / total")], "percentunit", 6, 8, min=0, max=1)
+    g.panel("timeseries", "KV usage ratio",
+            "Used blocks / total blocks, and token slots filled / slots allocated to running "
+            "requests (what rounding to whole blocks wastes).",
+            [(kv_ratio, "blocks used / total"),
+             (ratio("conveyor_kv_slots_used{" + SCHED + "}",
+                    "conveyor_kv_slots_allocated{" + SCHED + "}"), "slots used / allocated")],
+            "percentunit", 6, 8, min=0, max=1)
     g.panel("timeseries", "Preemptions/s",
             "Requests preempted on KV exhaustion (blocks freed, recomputed later).",
             [(f"sum({rate('conveyor_preemptions_total')})", "preemptions")], "short", 6, 8)

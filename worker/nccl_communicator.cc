@@ -1,0 +1,118 @@
+#include "worker/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace conveyor::worker {
+namespace {
+
+absl::Status NcclStatus(ncclResult_t result, const char* what) {
+  if (result == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(result)));
+}
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+// The CUDA backend keeps its stream to itself, so a collective first waits for the
+// backend's queued work (Synchronize), runs on this communicator's own stream and is
+// waited for before the backend queues more. Correct, but it serialises host and device
+// at every collective; enqueueing on the backend's stream would avoid that.
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int rank, int world_size,
+                   kernels::CudaBackend* backend, ncclDataType_t dtype)
+      : comm_(comm),
+        stream_(stream),
+        rank_(rank),
+        world_size_(world_size),
+        backend_(backend),
+        dtype_(dtype) {}
+
+  ~NcclCommunicator() override {
+    cudaSetDevice(backend_->device());
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  absl::Status AllReduceSum(void* data, size_t count) override {
+    RETURN_IF_ERROR(Prepare());
+    RETURN_IF_ERROR(NcclStatus(ncclAllReduce(data, data, count, dtype_, ncclSum, comm_, stream_),
+                               "ncclAllReduce"));
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(all-reduce)");
+  }
+
+  absl::Status AllGather(void* data, size_t count) override {
+    RETURN_IF_ERROR(Prepare());
+    // In place: NCCL allows sendbuff == recvbuff + rank * count.
+    char* part = static_cast<char*>(data) + rank_ * count * backend_->activation_bytes();
+    RETURN_IF_ERROR(NcclStatus(ncclAllGather(part, data, count, dtype_, comm_, stream_),
+                               "ncclAllGather"));
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(all-gather)");
+  }
+
+ private:
+  // Waits for the backend's work and makes its device current on this (gRPC) thread.
+  absl::Status Prepare() {
+    backend_->Synchronize();
+    RETURN_IF_ERROR(backend_->last_error());
+    return CudaStatus(cudaSetDevice(backend_->device()), "cudaSetDevice");
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  const int rank_;
+  const int world_size_;
+  kernels::CudaBackend* backend_;
+  const ncclDataType_t dtype_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> CreateNcclCollectiveId() {
+  ncclUniqueId id;
+  RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+  return std::string(kNcclIdPrefix) + std::string(id.internal, sizeof(id.internal));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(std::string_view collective_id,
+                                                          int rank, int world_size,
+                                                          kernels::CudaBackend* backend,
+                                                          kernels::CudaComputeDtype dtype) {
+  ASSIGN_OR_RETURN(const std::string_view payload,
+                   CollectiveIdPayload(collective_id, kNcclIdPrefix));
+  ncclUniqueId id;
+  if (payload.size() != sizeof(id.internal)) {
+    return absl::InvalidArgumentError(absl::StrCat("an NCCL collective_id carries ",
+                                                   sizeof(id.internal), " bytes, this one ",
+                                                   payload.size()));
+  }
+  std::memcpy(id.internal, payload.data(), payload.size());
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(backend->device()), "cudaSetDevice"));
+  cudaStream_t stream = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                             "cudaStreamCreateWithFlags"));
+  ncclComm_t comm = nullptr;
+  if (absl::Status status = NcclStatus(ncclCommInitRank(&comm, world_size, id, rank),
+                                       "ncclCommInitRank");
+      !status.ok()) {
+    cudaStreamDestroy(stream);
+    return status;
+  }
+  const ncclDataType_t nccl_dtype =
+      dtype == kernels::CudaComputeDtype::kBf16 ? ncclBfloat16 : ncclFloat16;
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(comm, stream, rank, world_size, backend, nccl_dtype));
+}
+
+}  // namespace conveyor::worker
