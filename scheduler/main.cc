@@ -183,6 +183,10 @@ int main(int argc, char** argv) {
     return m;
   }();
 
+  // Made again now that the workers told us the model's context.
+  policy_options.limits.max_context_tokens = info->model.max_context_tokens();
+  policy = conveyor::scheduler::MakePolicy(policy_options);
+
   Engine::Options engine_options;
   engine_options.num_kv_blocks = info->num_kv_blocks;
   engine_options.block_size = info->block_size;

@@ -11,10 +11,6 @@ int StepPlan::num_tokens() const {
   return total;
 }
 
-int BatchPolicy::RequiredBlocks(const Request& r, int block_size) const {
-  return (r.num_prompt_tokens + r.max_new_tokens + block_size - 1) / block_size;
-}
-
 absl::StatusOr<std::unique_ptr<BatchPolicy>> MakePolicy(const PolicyOptions& o) {
   if (o.limits.max_num_seqs < 1 || o.limits.max_step_tokens < 1) {
     return absl::InvalidArgumentError("max_num_seqs and max_step_tokens must be >= 1");

@@ -38,6 +38,7 @@ struct StepPlan {
 struct PolicyLimits {
   int max_num_seqs = 64;       // Sequences in one step.
   int max_step_tokens = 2048;  // Tokens in one step (the budget).
+  int max_context_tokens = 1 << 30;  // The model's context: no sequence grows past it.
 };
 
 class BatchPolicy {
@@ -60,9 +61,6 @@ class BatchPolicy {
   virtual std::optional<Clock::time_point> NextWakeup(const RequestPool& pool) const {
     return std::nullopt;
   }
-
-  // KV blocks a request must be able to hold for this policy to ever run it.
-  virtual int RequiredBlocks(const Request& r, int block_size) const;
 };
 
 struct PolicyOptions {

@@ -220,11 +220,21 @@ TEST_F(PolicyTest, DynamicFormsABatchAfterTheWindowUpToTheCap) {
   EXPECT_EQ(blocks_->num_used_blocks(), 0);
 }
 
-TEST_F(PolicyTest, RunToCompletionReservesPromptPlusMaxNewTokens) {
-  SetUpPool(10, 4);
+TEST_F(PolicyTest, RunToCompletionPadsEveryMemberToTheLongestGeneration) {
+  SetUpPool(20, 4);
   StaticPolicy policy({8, 100}, 2, 0);
-  Add(4, 12);  // Needs 4 blocks.
-  Add(4, 24);  // Needs 7: does not fit next to the first.
+  Add(4, 4);   // Alone it would need 2 blocks...
+  Add(4, 24);  // ...but the batch runs 24 steps, so each member reserves 7.
+  const StepPlan plan = policy.Plan(*pool_, now_);
+  EXPECT_EQ(plan.sequences.size(), 2u);
+  EXPECT_EQ(blocks_->num_used_blocks(), 14);
+}
+
+TEST_F(PolicyTest, RunToCompletionStillFormsABatchThatCannotBePadded) {
+  SetUpPool(8, 4);
+  StaticPolicy policy({8, 100}, 2, 0);
+  Add(4, 12);  // Padded to 4 + 30 tokens it would need 9 blocks; unpadded 4 fit.
+  Add(4, 30);  // Needs 9 blocks whatever happens: waits for the next batch.
   const StepPlan plan = policy.Plan(*pool_, now_);
   EXPECT_EQ(plan.sequences.size(), 1u);
   EXPECT_EQ(blocks_->num_used_blocks(), 4);

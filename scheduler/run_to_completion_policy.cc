@@ -16,11 +16,27 @@ Clock::time_point OldestArrival(const RequestPool& pool) {
 
 void RunToCompletionPolicy::FormBatch(RequestPool& pool) {
   BlockManager& blocks = pool.blocks();
+  // Every member is padded to the batch's longest generation, as a static-shape engine
+  // pads its [batch, length] tensors: members that finish early keep computing until
+  // the longest is done, so their KV reservation covers that too.
+  int batch_max_new = 0;
+  int candidates = 0;
+  for (const Request* r : pool.waiting()) {
+    if (candidates++ == BatchCap()) break;
+    batch_max_new = std::max(batch_max_new, r->max_new_tokens);
+  }
   while (!pool.waiting().empty() && static_cast<int>(batch_.size()) < BatchCap()) {
     Request* r = pool.waiting().front();
     BlockManager::PrefixMatch match = blocks.AcquirePrefix(r->tokens);
-    const int reserved = r->num_prompt_tokens + r->max_new_tokens;
-    if (!blocks.EnsureCapacity(match.table, reserved)) break;
+    const int padded =
+        std::min(r->num_prompt_tokens + batch_max_new, limits_.max_context_tokens);
+    // A batch's first member always fits unpadded (requests larger than the cache are
+    // refused at admission), so a batch can always form.
+    const bool fits =
+        blocks.EnsureCapacity(match.table, padded) ||
+        (batch_.empty() &&
+         blocks.EnsureCapacity(match.table, r->num_prompt_tokens + r->max_new_tokens));
+    if (!fits) break;
     r->blocks = std::move(match.table);
     r->num_computed = match.num_cached_tokens;
     r->num_cached_prompt_tokens = match.num_cached_tokens;

@@ -4,8 +4,9 @@
 // until the batch ends. The two differ only in when a batch forms:
 //   static:  batch_size requests are waiting, or the oldest waited batch_timeout;
 //   dynamic: batch_window after the first arrival, or the cap is reached.
-// Each member's KV blocks (prompt + max_new_tokens) are reserved when the batch forms,
-// as static-shape engines do, so these policies never preempt.
+// Each member is padded to the batch's longest generation: its KV blocks (prompt + the
+// largest max_new_tokens in the batch) are reserved when the batch forms, as a
+// static-shape engine allocates [batch, max length], so these policies never preempt.
 #pragma once
 
 #include <chrono>
