@@ -44,6 +44,12 @@ case "${1:-}" in
     [ -n "$libs" ] || { echo "runtime-packages: no shared libraries found for $*" >&2; exit 1; }
     specs=""
     for lib in $libs; do
+      case "$lib" in
+        /usr/local/cuda/*|/usr/local/cuda-*/*)
+          # A toolkit installed from NVIDIA's tarball (as on build machines) belongs to no
+          # package; the CUDA base image of the runtime stage provides these libraries.
+          dpkg-query -S "$lib" >/dev/null 2>&1 || continue ;;
+      esac
       pkg=$(owner "$lib")
       case "$pkg" in
         # NVIDIA's packages come in one version per CUDA release: pin the one built against.
