@@ -268,4 +268,47 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   return ParseModelConfig(text, path);
 }
 
+absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name) {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.model_type = "llama";
+  c.rms_norm_eps = 1e-5f;
+  c.torch_dtype = "bfloat16";
+  if (name == "llama3-8b") {
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.max_context_tokens = 8192;
+    c.rope_theta = 500000.0f;
+  } else if (name == "small") {
+    c.vocab_size = 8192;
+    c.hidden_size = 768;
+    c.intermediate_size = 2048;
+    c.num_layers = 12;
+    c.num_attention_heads = 12;
+    c.num_kv_heads = 4;
+    c.head_dim = 64;
+    c.max_context_tokens = 4096;
+    c.rope_theta = 500000.0f;
+  } else if (name == "tiny") {
+    c.vocab_size = 512;
+    c.hidden_size = 64;
+    c.intermediate_size = 160;
+    c.num_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.max_context_tokens = 2048;
+    c.torch_dtype = "float32";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("no model shape \"", std::string(name),
+                                                   "\"; use llama3-8b, small or tiny"));
+  }
+  return c;
+}
+
 }  // namespace conveyor

@@ -58,4 +58,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
 // Reads and parses `<model_dir>/config.json`.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
+// Shapes for random-weight models (benchmarks, cross-backend tests): "llama3-8b"
+// (Llama-3-8B's), "small" and "tiny" (tests/model_gen's presets). INVALID_ARGUMENT
+// naming the choices for any other name.
+absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name);
+
 }  // namespace conveyor

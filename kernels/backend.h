@@ -119,6 +119,24 @@ class Backend {
   // out[i, :] = x[rows[i], :] for i < n_rows.
   virtual void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows,
                           void* out) = 0;
+
+  // --- Graphs (optional: the CUDA backend's CUDA graphs) ------------------------------
+  // Operations called between BeginCapture and EndCapture are recorded instead of run;
+  // Replay(id) runs the recording again: the same operations on the same pointers and
+  // shapes, whatever the memory then holds, for a fraction of the launch cost. Nothing
+  // that allocates, copies from the host or synchronises may be called while capturing.
+  // Backends without graphs return UNIMPLEMENTED from BeginCapture.
+  virtual bool supports_graphs() const { return false; }
+  virtual absl::Status BeginCapture() {
+    return absl::UnimplementedError(name() + " has no graphs");
+  }
+  // Ends the capture; the graph's id for Replay.
+  virtual absl::StatusOr<int> EndCapture() {
+    return absl::UnimplementedError(name() + " has no graphs");
+  }
+  virtual void Replay(int graph) {}
+  // Forgets every graph (their pointers are about to be freed).
+  virtual void DropGraphs() {}
 };
 
 // Owns backend memory: frees it through the backend that allocated it.

@@ -25,8 +25,10 @@ class Communicator {
   virtual int world_size() const = 0;
 
   // In place on every rank: data[i] = Σ over ranks of data[i], for `count` activations
-  // (the backend's compute dtype) in backend memory. Runs after the backend work queued
-  // so far and is complete on return. Every rank ends with the same bits.
+  // (the backend's compute dtype) in backend memory. Ordered after the backend work
+  // queued so far and before any queued later: NCCL queues it on the CUDA backend's
+  // stream (done when the backend synchronises), Gloo completes it before returning.
+  // Every rank ends with the same bits.
   virtual absl::Status AllReduceSum(void* data, size_t count) = 0;
 
   // In place: `data` holds world_size() × count activations, this rank's part at offset

@@ -228,10 +228,34 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
   BuildBatch(scheduled);
 
   const int vocab = model_->config().vocab_size;
-  logits_.resize(batch_.logit_rows.size() * static_cast<size_t>(vocab));
+  const int rows = static_cast<int>(sampling_seqs_.size());
+  const bool on_device = device_sampler_ != nullptr && rows <= device_sampler_->max_rows();
   const auto forward_start = std::chrono::steady_clock::now();
-  absl::Status forward = model_->Forward(batch_, *cache_, logits_.data());
-  const double forward_ms = MillisSince(forward_start);
+  double forward_ms = 0;
+  absl::Status forward;
+  if (on_device) {
+    // Forward and sampling are queued together; the sampler's wait is the step's.
+    absl::StatusOr<DeviceLogits> logits = model_->ForwardToDevice(batch_, *cache_);
+    forward = logits.status();
+    if (forward.ok()) {
+      rows_to_sample_.clear();
+      for (uint64_t seq_id : sampling_seqs_) {
+        const Sequence& seq = sequences_.at(seq_id);
+        const std::span<const int32_t> all(seq.tokens);
+        rows_to_sample_.push_back({&seq.sampling, all.first(seq.num_prompt_tokens),
+                                   all.subspan(seq.num_prompt_tokens),
+                                   seq.tokens.size() - seq.num_prompt_tokens,
+                                   seq.sampling.num_logprobs > 0});
+      }
+      forward = device_sampler_->Sample(*logits, rows_to_sample_, &sampled_);
+    }
+    forward_ms = MillisSince(forward_start);
+    logits_.clear();
+  } else {
+    logits_.resize(static_cast<size_t>(rows) * vocab);
+    forward = model_->Forward(batch_, *cache_, logits_.data());
+    forward_ms = MillisSince(forward_start);
+  }
   if (!forward.ok()) {
     // The KV cache of the scheduled sequences is now unreliable: forget them so the
     // scheduler must re-add (recompute) them.
@@ -245,12 +269,16 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
   for (size_t i = 0; i < sampling_seqs_.size(); ++i) {
     Sequence& seq = sequences_.at(sampling_seqs_[i]);
     const std::span<const int32_t> all(seq.tokens);
-    row.assign(logits_.begin() + i * vocab, logits_.begin() + (i + 1) * vocab);
     const bool want_logprob = seq.sampling.num_logprobs > 0;
-    const SampleResult result =
-        sampler_.Sample(row, seq.sampling, all.first(seq.num_prompt_tokens),
-                        all.subspan(seq.num_prompt_tokens),
-                        seq.tokens.size() - seq.num_prompt_tokens, want_logprob);
+    SampleResult result;
+    if (on_device) {
+      result = std::move(sampled_[i]);
+    } else {
+      row.assign(logits_.begin() + i * vocab, logits_.begin() + (i + 1) * vocab);
+      result = sampler_.Sample(row, seq.sampling, all.first(seq.num_prompt_tokens),
+                               all.subspan(seq.num_prompt_tokens),
+                               seq.tokens.size() - seq.num_prompt_tokens, want_logprob);
+    }
     seq.tokens.push_back(result.token_id);
     if (options_.tp_rank != 0) continue;
     v1::SampledToken* out = response->add_tokens();
@@ -277,6 +305,7 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
 
 std::span<const float> StepEngine::LastLogits(uint64_t seq_id) const {
   const size_t vocab = model_->config().vocab_size;
+  if (logits_.empty()) return {};
   for (size_t i = 0; i < sampling_seqs_.size(); ++i) {
     if (sampling_seqs_[i] == seq_id) return {logits_.data() + i * vocab, vocab};
   }

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "worker.pb.h"
+#include "worker/device_sampler.h"
 #include "worker/kv_cache.h"
 #include "worker/model.h"
 #include "worker/sampler.h"
@@ -35,6 +36,12 @@ class StepEngine {
   // Runs one step. On error nothing changed.
   absl::Status Step(const v1::StepRequest& request, v1::StepResponse* response);
 
+  // Samples where the logits are from now on (steps of more rows than it takes copy
+  // their logits to the host and sample there).
+  void set_device_sampler(std::unique_ptr<DeviceSampler> sampler) {
+    device_sampler_ = std::move(sampler);
+  }
+
   // Forgets every sequence (a restarted scheduler starts from a clean slate).
   void Reset() { sequences_.clear(); }
 
@@ -43,7 +50,7 @@ class StepEngine {
   const Options& options() const { return options_; }
 
   // The logits (before any sampling transform) that produced `seq_id`'s token in the
-  // last step, or an empty span if it sampled nothing then.
+  // last step, or an empty span if it sampled nothing then or sampled on the device.
   std::span<const float> LastLogits(uint64_t seq_id) const;
 
  private:
@@ -72,13 +79,16 @@ class StepEngine {
   KvCache* cache_;
   Options options_;
   Sampler sampler_;
+  std::unique_ptr<DeviceSampler> device_sampler_;  // Null: sample on the host.
   std::unordered_map<uint64_t, Sequence> sequences_;
   uint64_t steps_executed_ = 0;
 
   // Per-step scratch.
   ForwardBatch batch_;
   std::vector<uint64_t> sampling_seqs_;  // Sequence of each logit row.
-  std::vector<float> logits_;            // [rows, vocab]
+  std::vector<float> logits_;            // [rows, vocab] when sampled on the host.
+  std::vector<RowToSample> rows_to_sample_;
+  std::vector<SampleResult> sampled_;
 };
 
 // Converts wire sampling parameters (zeros meaning "unset") to the sampler's.

@@ -26,6 +26,12 @@ ABSL_FLAG(int, device, 0, "CUDA device for --backend=cuda.");
 ABSL_FLAG(double, gpu_memory_fraction, 0.85,
           "cuda: share of the free device memory (after weights) for the KV cache when the "
           "scheduler does not set kv_cache_bytes.");
+ABSL_FLAG(bool, device_sampling, true,
+          "cuda: sample on the GPU (only token ids are copied back); false copies each "
+          "sampled row's logits to the host and samples there.");
+ABSL_FLAG(bool, cuda_graphs, false,
+          "cuda: replay CUDA graphs for decode-only steps (captured per padded batch size "
+          "and block-table width on first use); cuts kernel-launch cost at small batches.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses one per core.");
 ABSL_FLAG(std::string, collective_host, "",
           "Address the other tensor-parallel ranks reach this one at (cpu: Gloo's rendezvous "
@@ -94,6 +100,8 @@ int main(int argc, char** argv) {
   options.num_threads = absl::GetFlag(FLAGS_threads);
   options.device = absl::GetFlag(FLAGS_device);
   options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+  options.device_sampling = absl::GetFlag(FLAGS_device_sampling);
+  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   options.collective_host = CollectiveHost();
   options.metrics = &metrics;
   conveyor::worker::WorkerService service(options);

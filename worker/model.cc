@@ -1,9 +1,12 @@
 #include "worker/model.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint.h"
@@ -72,26 +75,46 @@ class CheckpointSource final : public WeightSource {
 class RandomSource final : public WeightSource {
  public:
   explicit RandomSource(uint64_t seed) : seed_(seed) {}
-  bool Contains(const std::string& name) const override { return name != "lm_head.weight"; }
+  bool Contains(const std::string& name) const override { return true; }
   absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                        float* out) const override {
     int64_t count = 1;
     for (int64_t d : shape) count *= d;
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = name.ends_with(".bias");
-    // Uniform in [-a, a] has variance a²/3; pick a for variance 1/fan_in.
-    const double a = shape.size() == 2 ? std::sqrt(3.0 / shape[1]) : 0.1;
-    uint64_t state = seed_ ^ std::hash<std::string>()(name);
-    for (int64_t i = 0; i < count; ++i) {
-      // splitmix64: cheap and good enough for benchmark weights.
-      state += 0x9E3779B97F4A7C15ull;
-      uint64_t z = state;
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      z ^= z >> 31;
-      const double u = (z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
-      out[i] = static_cast<float>(is_norm ? 1.0 + 0.1 * u : (is_bias ? 0.1 * u : a * u));
+    // Uniform in [-a, a] has variance a²/3. As tests/model_gen: embeddings of variance 1,
+    // an LM head of variance 16/hidden (logits of std ~4, so greedy choices are rarely
+    // near ties), projections of variance 1/fan_in.
+    double variance = 0.0;
+    if (shape.size() == 2) {
+      variance = name == "model.embed_tokens.weight" ? 1.0
+                 : name == "lm_head.weight"          ? 16.0 / shape[1]
+                                                     : 1.0 / shape[1];
     }
+    const double a = shape.size() == 2 ? std::sqrt(3.0 * variance) : 0.1;
+    const uint64_t base = seed_ ^ std::hash<std::string>()(name);
+    // splitmix64, whose i-th state is base + (i + 1)·γ: cheap, good enough for benchmark
+    // weights, and indexable, so a large tensor (a Llama-3-8B shape has 0.5 G values in
+    // its LM head) fills on every core with the same values as on one.
+    auto fill = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        uint64_t z = base + static_cast<uint64_t>(i + 1) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const double u = (z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+        out[i] = static_cast<float>(is_norm ? 1.0 + 0.1 * u : (is_bias ? 0.1 * u : a * u));
+      }
+    };
+    constexpr int64_t kPerThread = int64_t{1} << 22;
+    const int64_t threads = std::clamp<int64_t>(
+        count / kPerThread, 1, std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (int64_t t = 1; t < threads; ++t) {
+      pool.emplace_back(fill, count * t / threads, count * (t + 1) / threads);
+    }
+    fill(0, count / threads);
+    for (std::thread& thread : pool) thread.join();
     return absl::OkStatus();
   }
   // Generates the whole tensor and keeps the slice, so that a shard holds exactly the
@@ -329,6 +352,10 @@ absl::Status LlamaModel::Reserve(int num_tokens, int num_logit_rows, int metadat
   const ModelConfig& c = config_;
   const size_t e = backend_->activation_bytes();
   auto grow = [&](BackendBuffer* buf, size_t elements) -> absl::Status {
+    if (!graphs_.empty()) {  // They hold the pointers about to be freed.
+      backend_->DropGraphs();
+      graphs_.clear();
+    }
     ASSIGN_OR_RETURN(*buf, kernels::AllocateBuffer(backend_, elements * e));
     return absl::OkStatus();
   };
@@ -353,6 +380,7 @@ absl::Status LlamaModel::Reserve(int num_tokens, int num_logit_rows, int metadat
   }
   if (metadata_ints > reserved_metadata_ints_) {
     const size_t n = std::max(metadata_ints, 2 * reserved_metadata_ints_);
+    // Graphs have their own metadata buffer: this one may move under them.
     ASSIGN_OR_RETURN(metadata_, kernels::AllocateBuffer(backend_, n * sizeof(int32_t)));
     reserved_metadata_ints_ = static_cast<int>(n);
   }
@@ -361,10 +389,39 @@ absl::Status LlamaModel::Reserve(int num_tokens, int num_logit_rows, int metadat
 
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache,
                                  float* logits) {
+  ASSIGN_OR_RETURN(const DeviceLogits device, ForwardToDevice(batch, cache));
+  if (device.rows == 0) return absl::OkStatus();
+  const ModelConfig& c = config_;
+  const int rows = device.rows;
+  const int world = device.world;
+  const size_t slice = static_cast<size_t>(device.layout_rows) * vocab_shard_;
+  gathered_.resize(world * slice);
+  backend_->CopyActivationsToHost(gathered_.data(), device.data, gathered_.size());
+  backend_->Synchronize();
+  // [world, rows, vocab_shard] to [rows, vocab], dropping the last shard's padding.
+  for (int r = 0; r < world; ++r) {
+    const int begin = r * vocab_shard_;
+    const int width = std::min(vocab_shard_, c.vocab_size - begin);
+    for (int row = 0; row < rows && width > 0; ++row) {
+      std::memcpy(logits + static_cast<size_t>(row) * c.vocab_size + begin,
+                  gathered_.data() + r * slice + static_cast<size_t>(row) * vocab_shard_,
+                  width * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceLogits> LlamaModel::ForwardToDevice(const ForwardBatch& batch,
+                                                         const KvCache& cache) {
   const ModelConfig& c = config_;
   const int n = batch.num_tokens();
   const int rows = static_cast<int>(batch.logit_rows.size());
-  if (n == 0) return absl::OkStatus();
+  if (GraphEligible(batch, cache)) return ForwardGraph(batch, cache);
+  DeviceLogits result;
+  result.world = comm_->world_size();
+  result.shard = vocab_shard_;
+  result.vocab_size = c.vocab_size;
+  if (n == 0) return result;
   const int metadata_ints = 4 * n + static_cast<int>(batch.block_tables.size()) + rows;
   RETURN_IF_ERROR(Reserve(n, rows, metadata_ints));
 
@@ -394,7 +451,18 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache
   attn.max_blocks_per_seq = batch.max_blocks_per_seq;
   attn.block_size = cache.block_size();
   const int32_t* logit_rows = put(batch.logit_rows);
+  RETURN_IF_ERROR(Compute(ids, attn, logit_rows, rows, cache));
+  if (rows == 0) return result;
+  result.data = logits_.get();
+  result.rows = rows;
+  result.layout_rows = rows;
+  return result;
+}
 
+absl::Status LlamaModel::Compute(const int32_t* ids, const kernels::AttentionBatch& attn,
+                                 const int32_t* logit_rows, int rows, const KvCache& cache) {
+  const ModelConfig& c = config_;
+  const int n = attn.num_tokens;
   kernels::AttentionShape shape;
   shape.num_heads = num_heads_;
   shape.num_kv_heads = num_kv_heads_;
@@ -438,25 +506,120 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache
   b.AddRmsNorm(residual_.get(), projected_.get(), final_norm_.get(), n, c.hidden_size,
                c.rms_norm_eps, normed_.get());
   b.GatherRows(normed_.get(), c.hidden_size, logit_rows, rows, final_rows_.get());
-  const int world = comm_->world_size();
   const size_t slice = static_cast<size_t>(rows) * vocab_shard_;
   b.Linear(final_rows_.get(), rows, *lm_head_,
            static_cast<char*>(logits_.get()) + comm_->rank() * slice * act);
-  RETURN_IF_ERROR(comm_->AllGather(logits_.get(), slice));
-  gathered_.resize(world * slice);
-  b.CopyActivationsToHost(gathered_.data(), logits_.get(), gathered_.size());
-  b.Synchronize();
-  // [world, rows, vocab_shard] to [rows, vocab], dropping the last shard's padding.
-  for (int r = 0; r < world; ++r) {
-    const int begin = r * vocab_shard_;
-    const int width = std::min(vocab_shard_, c.vocab_size - begin);
-    for (int row = 0; row < rows && width > 0; ++row) {
-      std::memcpy(logits + static_cast<size_t>(row) * c.vocab_size + begin,
-                  gathered_.data() + r * slice + static_cast<size_t>(row) * vocab_shard_,
-                  width * sizeof(float));
-    }
+  return comm_->AllGather(logits_.get(), slice);
+}
+
+absl::Status LlamaModel::EnableDecodeGraphs(int max_batch) {
+  if (!backend_->supports_graphs()) {
+    return absl::UnimplementedError(absl::StrCat(backend_->name(), " has no graphs"));
   }
+  if (max_batch < 1) return absl::InvalidArgumentError("graphs need a batch of at least 1");
+  graph_max_batch_ = static_cast<int>(std::bit_ceil(static_cast<unsigned>(max_batch)));
   return absl::OkStatus();
+}
+
+bool LlamaModel::GraphEligible(const ForwardBatch& batch, const KvCache& cache) const {
+  const int n = batch.num_tokens();
+  if (graph_max_batch_ == 0 || n == 0 || n > graph_max_batch_ || batch.num_seqs != n ||
+      static_cast<int>(batch.logit_rows.size()) != n) {
+    return false;
+  }
+  const int max_width = (config_.max_context_tokens + cache.block_size() - 1) / cache.block_size();
+  if (batch.max_blocks_per_seq > max_width) return false;
+  for (int t = 0; t < n; ++t) {
+    if (batch.token_seq[t] != t || batch.logit_rows[t] != t) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<DeviceLogits> LlamaModel::ForwardGraph(const ForwardBatch& batch,
+                                                      const KvCache& cache) {
+  const int n = batch.num_tokens();
+  const int padded = static_cast<int>(std::bit_ceil(static_cast<unsigned>(n)));
+  const int max_width =
+      (config_.max_context_tokens + cache.block_size() - 1) / cache.block_size();
+  const int width = std::min(
+      max_width, static_cast<int>(std::bit_ceil(static_cast<unsigned>(
+                     std::max(batch.max_blocks_per_seq, 1)))));
+  if (graph_cache_ != &cache) {  // Captured against another cache's layers.
+    backend_->DropGraphs();
+    graphs_.clear();
+    graph_cache_ = &cache;
+  }
+  // Buffers at their largest first, so that no capture sees a pointer that moves later.
+  RETURN_IF_ERROR(Reserve(graph_max_batch_, graph_max_batch_, 0));
+  const int max_ints = graph_max_batch_ * (5 + max_width);
+  if (graph_metadata_ints_ < max_ints) {
+    backend_->DropGraphs();
+    graphs_.clear();
+    ASSIGN_OR_RETURN(graph_metadata_,
+                     kernels::AllocateBuffer(backend_, max_ints * sizeof(int32_t)));
+    graph_metadata_ints_ = max_ints;
+  }
+
+  // Fixed layout for (padded, width): ids, seqs, positions, slots, tables, logit rows.
+  // Padding tokens embed the zero row, sit at position 0 of an all-zero block table
+  // (reading, never writing: slot -1 skips the KV write) and their rows are ignored.
+  graph_host_.assign(static_cast<size_t>(padded) * (5 + width), 0);
+  int32_t* ids = graph_host_.data();
+  int32_t* seqs = ids + padded;
+  int32_t* pos = seqs + padded;
+  int32_t* slots = pos + padded;
+  int32_t* tables = slots + padded;
+  int32_t* rows = tables + static_cast<size_t>(padded) * width;
+  for (int t = 0; t < padded; ++t) {
+    seqs[t] = t;
+    rows[t] = t;
+    if (t >= n) {
+      ids[t] = vocab_shard_;
+      slots[t] = -1;
+      continue;
+    }
+    const int32_t row = batch.token_ids[t] - vocab_begin_;
+    ids[t] = row >= 0 && row < vocab_shard_ ? row : vocab_shard_;
+    pos[t] = batch.token_pos[t];
+    slots[t] = batch.slot_mapping[t];
+    std::copy_n(batch.block_tables.begin() + static_cast<size_t>(t) * batch.max_blocks_per_seq,
+                batch.max_blocks_per_seq, tables + static_cast<size_t>(t) * width);
+  }
+  int32_t* device = static_cast<int32_t*>(graph_metadata_.get());
+  backend_->CopyToBackend(device, graph_host_.data(), graph_host_.size() * sizeof(int32_t));
+
+  kernels::AttentionBatch attn;
+  attn.num_tokens = padded;
+  attn.token_seq = device + padded;
+  attn.token_pos = device + 2 * padded;
+  attn.slot_mapping = device + 3 * padded;
+  attn.num_seqs = padded;
+  attn.block_tables = device + 4 * padded;
+  attn.max_blocks_per_seq = width;
+  attn.block_size = cache.block_size();
+  const int32_t* logit_rows = attn.block_tables + static_cast<size_t>(padded) * width;
+
+  auto [it, inserted] = graphs_.try_emplace({padded, width}, -1);
+  if (inserted) {
+    RETURN_IF_ERROR(backend_->BeginCapture());
+    const absl::Status computed = Compute(device, attn, logit_rows, padded, cache);
+    absl::StatusOr<int> graph = backend_->EndCapture();
+    if (!computed.ok() || !graph.ok()) {
+      graphs_.erase(it);
+      return computed.ok() ? graph.status() : computed;
+    }
+    it->second = *graph;
+  }
+  backend_->Replay(it->second);
+
+  DeviceLogits result;
+  result.world = comm_->world_size();
+  result.shard = vocab_shard_;
+  result.vocab_size = config_.vocab_size;
+  result.data = logits_.get();
+  result.rows = n;
+  result.layout_rows = padded;
+  return result;
 }
 
 }  // namespace conveyor::worker

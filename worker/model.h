@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,21 @@ struct ForwardBatch {
   void Clear();
 };
 
+// A step's logits where the model leaves them, in backend memory and the compute dtype:
+// [world, rows, shard], each rank's vocabulary slice of every row after the all-gather;
+// token v of row r sits at (v / shard, r, v % shard) for v < vocab_size. Valid until the
+// model's next Forward.
+struct DeviceLogits {
+  const void* data = nullptr;
+  int rows = 0;
+  int world = 1;
+  int shard = 0;
+  int vocab_size = 0;
+  // Rows the buffer is laid out for: `rows` unless a graph padded the batch, in which
+  // case rows [rows, layout_rows) are padding.
+  int layout_rows = 0;
+};
+
 // Where a model's tensors come from: a checkpoint, or (for benchmarks of shapes we
 // cannot ship) deterministic random values.
 class WeightSource {
@@ -58,8 +74,10 @@ class WeightSource {
                                     int dim, int64_t begin, int64_t end, float* out) const = 0;
 };
 
-// Random weights with the scales of tests/model_gen (projections ~ U with variance
-// 1/fan_in, norms 1), the same for the same seed and tensor name.
+// Random weights with the scales of tests/model_gen (uniform: embeddings of variance 1,
+// an untied LM head of variance 16/hidden, projections of variance 1/fan_in, norms
+// 1 ± 0.1, biases ± 0.1), the same for the same seed and tensor name. It has every
+// tensor, lm_head.weight included: the config's tie_word_embeddings decides.
 std::unique_ptr<WeightSource> MakeRandomWeightSource(uint64_t seed);
 
 class LlamaModel {
@@ -85,6 +103,25 @@ class LlamaModel {
   // The caller has validated ids, positions and slots. Every rank must run the same
   // batch (the collectives pair up in order); every rank gets the full logits.
   absl::Status Forward(const ForwardBatch& batch, const KvCache& cache, float* logits);
+  // Forward without the copy: the logits stay in backend memory, for a sampler that runs
+  // there. The work may still be queued when it returns.
+  absl::StatusOr<DeviceLogits> ForwardToDevice(const ForwardBatch& batch, const KvCache& cache);
+
+  // Allocates the activation buffers for steps of up to `max_tokens` tokens and
+  // `max_logit_rows` sampled rows now, rather than on the first step that needs them, so
+  // that memory measured afterwards (to size the KV cache) is really free.
+  absl::Status ReserveActivations(int max_tokens, int max_logit_rows) {
+    return Reserve(max_tokens, max_logit_rows, 0);
+  }
+
+  // From now on, steps that only decode (one token per sequence, each sampled) with at
+  // most `max_batch` sequences run as CUDA graphs: the batch is padded to a power of two
+  // and the block tables to a power-of-two width, and each such shape is captured on
+  // first use and replayed after. Cuts the launch cost of the hundreds of small kernels
+  // of a small-batch decode step. UNIMPLEMENTED on backends without graphs. Activation
+  // buffers that must grow later drop every graph (call ReserveActivations first).
+  absl::Status EnableDecodeGraphs(int max_batch);
+  void DisableDecodeGraphs() { graph_max_batch_ = 0; }
 
   const ModelConfig& config() const { return config_; }
   // KV heads this rank holds, and so the KV cache's head count.
@@ -107,6 +144,12 @@ class LlamaModel {
   absl::Status BuildRopeTable();
   // Grows the activation buffers to hold `num_tokens` tokens and `num_logit_rows` rows.
   absl::Status Reserve(int num_tokens, int num_logit_rows, int metadata_ints);
+  // The forward pass after the metadata upload: what a graph captures.
+  absl::Status Compute(const int32_t* ids, const kernels::AttentionBatch& attn,
+                       const int32_t* logit_rows, int rows, const KvCache& cache);
+  // Whether `batch` is a decode step a graph can run.
+  bool GraphEligible(const ForwardBatch& batch, const KvCache& cache) const;
+  absl::StatusOr<DeviceLogits> ForwardGraph(const ForwardBatch& batch, const KvCache& cache);
 
   ModelConfig config_;
   kernels::Backend* backend_;
@@ -135,6 +178,15 @@ class LlamaModel {
   kernels::BackendBuffer metadata_;  // Token ids, seqs, positions, slots, tables, rows.
   std::vector<int32_t> shard_ids_;   // Token ids as rows of embedding_.
   std::vector<float> gathered_;      // logits_ on the host, before reordering.
+
+  // Decode graphs (EnableDecodeGraphs): ids by padded (batch, table width), their fixed
+  // metadata buffer and the cache they were captured against.
+  int graph_max_batch_ = 0;  // 0: off.
+  std::map<std::pair<int, int>, int> graphs_;
+  kernels::BackendBuffer graph_metadata_;
+  int graph_metadata_ints_ = 0;
+  const KvCache* graph_cache_ = nullptr;
+  std::vector<int32_t> graph_host_;
 };
 
 }  // namespace conveyor::worker

@@ -21,16 +21,16 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
 }
 
-// The CUDA backend keeps its stream to itself, so a collective first waits for the
-// backend's queued work (Synchronize), runs on this communicator's own stream and is
-// waited for before the backend queues more. Correct, but it serialises host and device
-// at every collective; enqueueing on the backend's stream would avoid that.
+// Collectives are queued on the backend's own stream, in order with its kernels: the
+// host never waits for them, so a forward pass with 2 collectives per layer stays one
+// uninterrupted queue of device work. Errors inside a collective surface as the
+// backend's sticky error at its next synchronisation.
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int rank, int world_size,
-                   kernels::CudaBackend* backend, ncclDataType_t dtype)
+  NcclCommunicator(ncclComm_t comm, int rank, int world_size, kernels::CudaBackend* backend,
+                   ncclDataType_t dtype)
       : comm_(comm),
-        stream_(stream),
+        stream_(static_cast<cudaStream_t>(backend->stream())),
         rank_(rank),
         world_size_(world_size),
         backend_(backend),
@@ -38,8 +38,8 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     cudaSetDevice(backend_->device());
+    cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
-    cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return rank_; }
@@ -47,24 +47,21 @@ class NcclCommunicator final : public Communicator {
 
   absl::Status AllReduceSum(void* data, size_t count) override {
     RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(NcclStatus(ncclAllReduce(data, data, count, dtype_, ncclSum, comm_, stream_),
-                               "ncclAllReduce"));
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(all-reduce)");
+    return NcclStatus(ncclAllReduce(data, data, count, dtype_, ncclSum, comm_, stream_),
+                      "ncclAllReduce");
   }
 
   absl::Status AllGather(void* data, size_t count) override {
     RETURN_IF_ERROR(Prepare());
     // In place: NCCL allows sendbuff == recvbuff + rank * count.
     char* part = static_cast<char*>(data) + rank_ * count * backend_->activation_bytes();
-    RETURN_IF_ERROR(NcclStatus(ncclAllGather(part, data, count, dtype_, comm_, stream_),
-                               "ncclAllGather"));
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(all-gather)");
+    return NcclStatus(ncclAllGather(part, data, count, dtype_, comm_, stream_), "ncclAllGather");
   }
 
  private:
-  // Waits for the backend's work and makes its device current on this (gRPC) thread.
+  // Makes the backend's device current on this (gRPC) thread; a backend that already
+  // failed gets no more work.
   absl::Status Prepare() {
-    backend_->Synchronize();
     RETURN_IF_ERROR(backend_->last_error());
     return CudaStatus(cudaSetDevice(backend_->device()), "cudaSetDevice");
   }
@@ -99,20 +96,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(std::string_view colle
   }
   std::memcpy(id.internal, payload.data(), payload.size());
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(backend->device()), "cudaSetDevice"));
-  cudaStream_t stream = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                             "cudaStreamCreateWithFlags"));
   ncclComm_t comm = nullptr;
-  if (absl::Status status = NcclStatus(ncclCommInitRank(&comm, world_size, id, rank),
-                                       "ncclCommInitRank");
-      !status.ok()) {
-    cudaStreamDestroy(stream);
-    return status;
-  }
+  RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm, world_size, id, rank), "ncclCommInitRank"));
   const ncclDataType_t nccl_dtype =
       dtype == kernels::CudaComputeDtype::kBf16 ? ncclBfloat16 : ncclFloat16;
   return std::unique_ptr<Communicator>(
-      new NcclCommunicator(comm, stream, rank, world_size, backend, nccl_dtype));
+      new NcclCommunicator(comm, rank, world_size, backend, nccl_dtype));
 }
 
 }  // namespace conveyor::worker

@@ -126,6 +126,25 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   RETURN_IF_ERROR(comm.status());
   ASSIGN_OR_RETURN(auto model, LlamaModel::Load(request.model_path(), backend.get(), comm->get()));
   const ModelConfig& c = model->config();
+  StepEngine::Options engine_options;
+  engine_options.max_step_tokens =
+      request.max_step_tokens() == 0 ? kDefaultMaxStepTokens : request.max_step_tokens();
+  engine_options.max_step_sequences = request.max_step_sequences() == 0
+                                          ? kDefaultMaxStepSequences
+                                          : request.max_step_sequences();
+  engine_options.tp_rank = request.tp_rank();
+  // Before the KV cache is sized, whatever else a step needs: the largest step's
+  // activations and the sampler's scratch come out of the same memory.
+  RETURN_IF_ERROR(model->ReserveActivations(engine_options.max_step_tokens,
+                                            engine_options.max_step_sequences));
+  if (options_.backend == "cuda" && options_.cuda_graphs) {
+    RETURN_IF_ERROR(model->EnableDecodeGraphs(engine_options.max_step_sequences));
+  }
+  std::unique_ptr<DeviceSampler> device_sampler;
+  if (options_.backend == "cuda" && options_.device_sampling) {
+    ASSIGN_OR_RETURN(device_sampler, MakeCudaSampler(backend.get(), c.vocab_size,
+                                                     engine_options.max_step_sequences));
+  }
   const size_t block_bytes =
       KvCache::BytesPerBlock(c.num_layers, model->local_num_kv_heads(), c.head_dim, block_size,
                              backend->activation_bytes());
@@ -140,13 +159,6 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   ASSIGN_OR_RETURN(auto cache, KvCache::Create(backend.get(), c.num_layers,
                                                model->local_num_kv_heads(), c.head_dim, block_size,
                                                static_cast<int>(num_blocks)));
-  StepEngine::Options engine_options;
-  engine_options.max_step_tokens =
-      request.max_step_tokens() == 0 ? kDefaultMaxStepTokens : request.max_step_tokens();
-  engine_options.max_step_sequences = request.max_step_sequences() == 0
-                                          ? kDefaultMaxStepSequences
-                                          : request.max_step_sequences();
-  engine_options.tp_rank = request.tp_rank();
   const double load_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
           .count();
@@ -173,6 +185,7 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
         static_cast<double>(cache->size_bytes()));
   }
   engine_ = std::make_unique<StepEngine>(model.get(), cache.get(), engine_options);
+  if (device_sampler != nullptr) engine_->set_device_sampler(std::move(device_sampler));
   init_request_ = request;
   init_response_ = *response;
   backend_ = std::move(backend);

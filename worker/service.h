@@ -31,6 +31,11 @@ class WorkerService final : public v1::Worker::Service {
     // Without an explicit kv_cache_bytes, the CUDA backend gives the KV cache this share
     // of the device memory left after the weights.
     double gpu_memory_fraction = 0.85;
+    // cuda: sample on the device (only token ids leave it) rather than copying every
+    // sampled row's logits to the host.
+    bool device_sampling = true;
+    // cuda: run decode steps of up to max_step_sequences sequences as CUDA graphs.
+    bool cuda_graphs = false;
     // Address the other ranks reach this one at for collectives (cpu: the rendezvous
     // store and Gloo's TCP pairs).
     std::string collective_host = "127.0.0.1";

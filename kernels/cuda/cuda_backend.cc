@@ -9,9 +9,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_gemm.h"
@@ -75,6 +78,10 @@ class CudaBackendImpl final : public CudaBackend {
   size_t activation_bytes() const override { return cuda::DTypeBytes(dtype_); }
   absl::Status last_error() const override { return error_; }
   int device() const override { return device_; }
+  CudaComputeDtype dtype() const override {
+    return dtype_ == DType::kBf16 ? CudaComputeDtype::kBf16 : CudaComputeDtype::kFp16;
+  }
+  void* stream() const override { return stream_; }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   void Free(void* ptr) override;
@@ -102,6 +109,12 @@ class CudaBackendImpl final : public CudaBackend {
   void SiluMul(const void* gate_up, int n, int ffn, void* out) override;
   void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows, void* out) override;
 
+  bool supports_graphs() const override { return true; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<int> EndCapture() override;
+  void Replay(int graph) override;
+  void DropGraphs() override;
+
  private:
   CudaBackendImpl(int device, DType dtype) : device_(device), dtype_(dtype) {}
 
@@ -128,6 +141,8 @@ class CudaBackendImpl final : public CudaBackend {
   size_t staging_bytes_ = 0;
   size_t staging_used_ = 0;  // Bytes of the ring in use since the last synchronization.
   absl::Status error_;
+  std::vector<cudaGraphExec_t> graphs_;  // Replay(id) runs graphs_[id].
+  bool capturing_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackendImpl::Create(
@@ -172,6 +187,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackendImpl::Create(
 CudaBackendImpl::~CudaBackendImpl() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  DropGraphs();
   gemm_.reset();
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (staging_ != nullptr) cudaFreeHost(staging_);
@@ -416,6 +432,55 @@ void CudaBackendImpl::GatherRows(const void* x, int hidden, const int32_t* rows,
              "GatherRows launch");
 }
 
+absl::Status CudaBackendImpl::BeginCapture() {
+  RETURN_IF_ERROR(error_);
+  if (capturing_) return absl::FailedPreconditionError("a capture is already under way");
+  Activate();
+  // Thread-local: other threads' unrelated CUDA calls (a metrics scrape asking for free
+  // memory) must not invalidate the capture.
+  RETURN_IF_ERROR(CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                             "cudaStreamBeginCapture"));
+  capturing_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> CudaBackendImpl::EndCapture() {
+  if (!capturing_) return absl::FailedPreconditionError("no capture is under way");
+  capturing_ = false;
+  Activate();
+  cudaGraph_t graph = nullptr;
+  // Ends the capture even when an operation failed during it, so the stream works again.
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  absl::Cleanup destroy = [graph] {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  };
+  RETURN_IF_ERROR(error_);
+  RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
+  cudaGraphExec_t exec = nullptr;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaGraphInstantiate(&exec, graph, /*flags=*/0), "cudaGraphInstantiate"));
+  graphs_.push_back(exec);
+  return static_cast<int>(graphs_.size()) - 1;
+}
+
+void CudaBackendImpl::Replay(int graph) {
+  if (graph < 0 || graph >= static_cast<int>(graphs_.size())) {
+    Record(absl::InvalidArgumentError(absl::StrCat("Replay: no graph ", graph)));
+    return;
+  }
+  Activate();
+  RecordCuda(cudaGraphLaunch(graphs_[graph], stream_), "cudaGraphLaunch");
+}
+
+void CudaBackendImpl::DropGraphs() {
+  if (graphs_.empty()) return;
+  Activate();
+  // A graph may still be running.
+  RecordCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(graphs)");
+  for (cudaGraphExec_t exec : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(int device,
@@ -430,6 +495,51 @@ int CudaDeviceCount() {
     return 0;
   }
   return count;
+}
+
+absl::StatusOr<double> MeasureCopyBandwidth(int device, size_t bytes, int reps) {
+  if (CudaDeviceCount() == 0) return absl::UnavailableError("no usable CUDA device");
+  if (reps < 1 || bytes < 4) return absl::InvalidArgumentError("reps >= 1 and bytes >= 4");
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
+  bytes &= ~size_t{3};
+  void* src = nullptr;
+  void* dst = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  absl::Cleanup release = [&] {
+    cudaFree(src);
+    cudaFree(dst);
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+  };
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&src, bytes), "cudaMalloc (bandwidth source)"));
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&dst, bytes), "cudaMalloc (bandwidth destination)"));
+  {
+    // Non-zero data: a pattern written from the host in 64 MiB pieces.
+    std::vector<uint32_t> pattern((size_t{64} << 20) / 4);
+    uint32_t x = 0x9E3779B9u;
+    for (uint32_t& v : pattern) v = (x = x * 1664525u + 1013904223u);
+    for (size_t off = 0; off < bytes; off += pattern.size() * 4) {
+      const size_t n = std::min(bytes - off, pattern.size() * 4);
+      RETURN_IF_ERROR(CudaStatus(
+          cudaMemcpy(static_cast<char*>(src) + off, pattern.data(), n, cudaMemcpyHostToDevice),
+          "cudaMemcpy (bandwidth pattern)"));
+    }
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&start), "cudaEventCreate"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&stop), "cudaEventCreate"));
+  std::vector<float> ms;
+  for (int r = 0; r <= reps; ++r) {
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(start), "cudaEventRecord"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(stop), "cudaEventRecord"));
+    RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(stop), "cudaEventSynchronize"));
+    float t = 0.0f;
+    RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime"));
+    if (r > 0) ms.push_back(t);  // The first copy warms up.
+  }
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3);
 }
 
 absl::StatusOr<size_t> FreeDeviceMemoryBytes(int device) {

@@ -52,6 +52,10 @@ class CudaBackend : public Backend {
   virtual absl::Status last_error() const = 0;
   // The CUDA device ordinal the backend runs on.
   virtual int device() const = 0;
+  virtual CudaComputeDtype dtype() const = 0;
+  // The stream every operation is queued on, as a cudaStream_t, for code that queues
+  // its own work in order with the backend's (the sampler, NCCL).
+  virtual void* stream() const = 0;
 };
 
 // Makes a backend on CUDA device `device`. Fails (never crashes) when there is no
@@ -61,6 +65,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> MakeCudaBackend(
 
 // Number of usable CUDA devices; 0 (not an error) without a driver or a GPU.
 int CudaDeviceCount();
+
+// The device's memory bandwidth as a large device-to-device copy achieves it: bytes read
+// plus bytes written per second, the median of `reps` copies of `bytes` (after one
+// warm-up copy), timed with events. Copies random-looking data, never zeros.
+absl::StatusOr<double> MeasureCopyBandwidth(int device, size_t bytes, int reps);
 
 // Free memory on `device` in bytes, for sizing the KV cache after the weights are
 // loaded. Makes `device` current on the calling thread.

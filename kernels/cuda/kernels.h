@@ -96,4 +96,64 @@ size_t PagedAttentionScratchBytesPerToken(const PagedAttentionArgs& args);
 cudaError_t LaunchPagedAttention(const PagedAttentionArgs& args, float* scratch,
                                  int tokens_per_launch, DType dtype, cudaStream_t stream);
 
+// --- Sampling (sampling_kernels.cu) ---------------------------------------------------
+// The host sampler's semantics (worker/sampler.h) for a batch of logit rows whose
+// logits are the model's all-gathered [world, rows, shard] buffer in the compute dtype
+// (token v of row r at (v / shard, r, v % shard)); worker/cuda_sampler.cc drives it.
+inline constexpr int kMaxSampleLogprobs = 20;
+
+struct SampleRowParams {
+  float temperature = 0.0f;  // 0: greedy.
+  int top_k = 0;             // 0: off.
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int penalty_begin = 0;  // The row's entries [begin, end) of the penalty list.
+  int penalty_end = 0;
+  int num_logprobs = 0;   // Top alternatives, at most kMaxSampleLogprobs.
+  int want_logprob = 0;   // The chosen token's log-probability.
+  uint64_t seed = 0;
+  uint64_t draw_index = 0;
+};
+
+// A distinct token of a row's context that a penalty applies to.
+struct PenaltyEntry {
+  int32_t token = 0;
+  int32_t in_context = 0;    // In prompt or output: the repetition penalty applies.
+  int32_t output_count = 0;  // Occurrences in the output: presence/frequency apply.
+};
+
+struct SampleRowResult {
+  int32_t token_id;
+  float logprob;  // Raw log-softmax of token_id (when asked).
+  int32_t num_top;
+  int32_t top_ids[kMaxSampleLogprobs];
+  float top_logprobs[kMaxSampleLogprobs];
+};
+
+// Stage 1, every row: float32 copy of the row into `work` [rows, vocab], its log-softmax
+// normaliser (`row_lse`) and top log-probabilities, the penalties applied to `work`, the
+// argmax (the result of greedy rows); drawing rows get ids 0..vocab-1 in `ids`.
+// `rows` rows are sampled; the logits are laid out for `layout_rows` >= rows (a padded
+// batch).
+cudaError_t LaunchSamplePrepare(const void* logits, int rows, int layout_rows, int shard, int vocab,
+                                const SampleRowParams* params, const PenaltyEntry* penalties,
+                                float* work, int32_t* ids, float* row_lse,
+                                SampleRowResult* results, DType dtype, cudaStream_t stream);
+// Stage 2: sorts segments [segment_begin[i], segment_end[i]) of keys (and ids with
+// them) descending, stably. With temp == nullptr, sets *temp_bytes to what it needs.
+cudaError_t SortRowsDescending(void* temp, size_t* temp_bytes, const float* keys_in,
+                               float* keys_out, const int32_t* ids_in, int32_t* ids_out,
+                               int64_t num_items, int num_segments, const int32_t* segment_begin,
+                               const int32_t* segment_end, cudaStream_t stream);
+// Stage 3, rows `draw_rows[0..num_draw)`: top-k, min-p, top-p and the seeded draw over
+// the sorted rows.
+cudaError_t LaunchSampleDraw(const void* logits, int layout_rows, int shard, int vocab,
+                             const SampleRowParams* params, const int32_t* draw_rows, int num_draw,
+                             const float* sorted_logits, const int32_t* sorted_ids,
+                             const float* row_lse, SampleRowResult* results, DType dtype,
+                             cudaStream_t stream);
+
 }  // namespace conveyor::kernels::cuda

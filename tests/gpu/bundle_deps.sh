@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Copies this Debian machine's Abseil and GoogleTest (headers, libraries, CMake configs)
+# Copies this Debian machine's Abseil, GoogleTest and nlohmann-json (headers, libraries,
+# CMake configs)
 # into one folder, laid out as under /, so that tests/gpu/run.sh can build the GPU tests
 # on a GPU machine that lacks those packages and has no network. Symbolic links are
 # copied as files, as the device tool carries links only as links.
@@ -17,13 +18,14 @@ shift || true
 # The Abseil runtime package is named after its version (libabsl20220623 on Debian 12).
 absl_base=$(readlink -f /usr/lib/x86_64-linux-gnu/libabsl_base.so)
 absl_runtime=$(dpkg -S "$absl_base" | cut -d: -f1)
-packages=(libabsl-dev "$absl_runtime" libgtest-dev libgmock-dev "$@")
+packages=(libabsl-dev "$absl_runtime" libgtest-dev libgmock-dev nlohmann-json3-dev "$@")
 
 rm -rf "$dest"
 mkdir -p "$dest"
 for package in "${packages[@]}"; do
   dpkg -L "$package" | while read -r file; do
     case "$file" in
+      /usr/share/cmake/*) ;;  # nlohmann-json's CMake config lives there.
       /usr/share/* | /usr/src/*) continue ;;
     esac
     if [[ -f "$file" ]]; then

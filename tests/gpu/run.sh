@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Builds and runs Conveyor's GPU checks on a machine with an sm_90 GPU (H100/H200):
-# a CUDA-only build (tests/gpu/CMakeLists.txt) of the kernels and their tests, then the
-# kernel tests, then a table of every check's error.
+# a CUDA-only build (tests/gpu/CMakeLists.txt: kernels, the model without gRPC, the
+# tests), then
+#   1. the kernel tests against the CPU backend, with a table of every check's error;
+#   2. greedy decoding of the same random-weight model (tests/model_gen's `small` shape)
+#      on CUDA bf16 and on the CPU in fp32: free-running first divergence per prompt,
+#      teacher-forced agreement over 128 tokens (target >= 99 %), logit error;
+#   3. the Llama-3-8B-shaped step benchmark (bench/step_bench.cc) at batch 1, 8, 64, 256,
+#      prefill and decode against the copy bandwidth and bf16 matrix rate it measures.
 #
 # The GPU machine needs the CUDA toolkit (nvcc, cuBLAS), CMake >= 3.25, ninja and a host
-# C++ compiler, and no network. Abseil and GoogleTest, which it lacks, come from a
+# C++ compiler, and no network. Abseil, GoogleTest and nlohmann-json, which it lacks,
+# come from a
 # bundle made beforehand on a Debian dev machine:
 #   tests/gpu/bundle_deps.sh          # writes .gpu_deps/ (~15 MiB, git-ignored)
 # and carried with the call (device tool: carry [".gpu_deps"]).
@@ -15,10 +22,13 @@
 #   CONVEYOR_GPU_BUILD  the build folder (default: /tmp/conveyor-gpu-build)
 #   CONVEYOR_GPU_JOBS   build parallelism (default: ninja's)
 #   OUT                 where logs and the gtest JSON go (default: the build folder)
+#   CONVEYOR_BENCH_LIMIT_S  the step benchmark's time limit (default 180 s)
 #
 # Expected runtime on the 16-core H200 machine: configure ~15 s, build ~1.5 min (the
 # attention kernels are the longest nvcc job, ~20 s of CPU), kernel tests < 1 min; under
-# 3 min in all, leaving room in the 8-minute budget for the hooks at the end.
+# 3 min in all; the agreement test ~30 s; the step benchmark ~1-2 min (its random 8 G
+# parameters are made on every core), and it skips what would run past its limit, so the
+# whole script stays under the 8-minute budget.
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -42,8 +52,9 @@ command -v cmake >/dev/null || die "cmake not found"
 command -v ninja >/dev/null || die "ninja not found"
 absl_dir="$deps/usr/lib/x86_64-linux-gnu/cmake/absl"
 gtest_dir="$deps/usr/lib/x86_64-linux-gnu/cmake/GTest"
-[[ -d "$absl_dir" && -d "$gtest_dir" ]] ||
-  die "no Abseil/GoogleTest bundle in $deps: run tests/gpu/bundle_deps.sh and carry .gpu_deps"
+json_dir="$deps/usr/share/cmake/nlohmann_json"
+[[ -d "$absl_dir" && -d "$gtest_dir" && -d "$json_dir" ]] ||
+  die "no Abseil/GoogleTest/nlohmann-json bundle in $deps: run tests/gpu/bundle_deps.sh and carry .gpu_deps"
 # The bundle's libraries load each other by soname: the executable's RUNPATH does not
 # reach those indirect dependencies, so the loader path must (also for the test
 # discovery that runs the binary at build time).
@@ -59,13 +70,16 @@ step "configure"
 cmake -S "$repo/tests/gpu" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_CXX_FLAGS="-include cstdint" \
-  -Dabsl_DIR="$absl_dir" -DGTest_DIR="$gtest_dir" >"$out/configure.log" 2>&1 ||
+  -Dabsl_DIR="$absl_dir" -DGTest_DIR="$gtest_dir" -Dnlohmann_json_DIR="$json_dir" \
+  >"$out/configure.log" 2>&1 ||
   { tail -40 "$out/configure.log"; die "configure failed (log: $out/configure.log)"; }
 
 step "build"
 jobs=()
 [[ -n "${CONVEYOR_GPU_JOBS:-}" ]] && jobs=(-j "$CONVEYOR_GPU_JOBS")
-ninja -C "$build" "${jobs[@]}" cuda_kernel_test >"$out/build.log" 2>&1 ||
+ninja -C "$build" "${jobs[@]}" cuda_kernel_test device_sampler_test greedy_agreement_test \
+  conveyor-step-bench \
+  >"$out/build.log" 2>&1 ||
   { tail -60 "$out/build.log"; die "build failed (log: $out/build.log)"; }
 grep -iE "warning" "$out/build.log" | head -20
 
@@ -74,6 +88,9 @@ test_log="$out/kernel_test.log"
 "$build/kernels/cuda_kernel_test" --gtest_filter="$filter" \
   --gtest_output="json:$out/kernel_test.json" >"$test_log" 2>&1
 test_rc=$?
+# The device sampler against the host sampler, into the same log and table.
+"$build/device_sampler_test" --gtest_filter="$filter" \
+  --gtest_output="json:$out/device_sampler_test.json" >>"$test_log" 2>&1 || test_rc=1
 grep -E "^\[  FAILED  \]|Failure|error:|last_error" "$test_log" | head -40
 
 step "results"
@@ -106,16 +123,25 @@ if ((gpu_skips > 0)) && [[ "${CONVEYOR_GPU_ALLOW_SKIP:-0}" != 1 ]]; then
   test_rc=1
 fi
 
-# ==== HOOK: end-to-end greedy agreement test (another engineer) ========================
-# Build its target above (see the hook in tests/gpu/CMakeLists.txt), run it here, set
-# e2e_rc, and print one line per prompt: tokens agreeing CPU vs CUDA before the first
-# divergence.
-e2e_rc=0
-# ==== HOOK: Llama-3-8B-shaped step benchmark (another engineer) ========================
-# Run it here with a time limit that keeps the whole script under 8 minutes, and print
-# its table (decode and mixed steps: tokens, ms per step, tokens/s, share of roofline).
-bench_rc=0
-# =========================================================================================
+step "greedy agreement: CUDA bf16 vs CPU fp32"
+e2e_log="$out/greedy_agreement.log"
+timeout 300 "$build/greedy_agreement_test" --gtest_output="json:$out/greedy_agreement.json" \
+  >"$e2e_log" 2>&1
+e2e_rc=$?
+grep -E "^position|^first divergence|METRIC|teacher-forced|Failure|SKIPPED|OK \]|FAILED \]" \
+  "$e2e_log" | head -60
+if grep -qE "^\[  SKIPPED \] GreedyAgreementTest.Cuda" "$e2e_log" &&
+  [[ "${CONVEYOR_GPU_ALLOW_SKIP:-0}" != 1 ]]; then
+  echo "run.sh: the CUDA agreement test skipped: no usable CUDA device"
+  e2e_rc=1
+fi
+
+step "step benchmark: Llama-3-8B shape, bf16, random weights"
+timeout $((${CONVEYOR_BENCH_LIMIT_S:-180} + 120)) "$build/conveyor-step-bench" --backend=cuda \
+  --shape=llama3-8b --batches=1,8,64,256 --prompt_tokens=1024 \
+  --time_limit_s="${CONVEYOR_BENCH_LIMIT_S:-180}" --json="$out/step_bench.json" \
+  2>&1 | tee "$out/step_bench.log"
+bench_rc=${PIPESTATUS[0]}
 
 step "done"
 if ((test_rc != 0 || e2e_rc != 0 || bench_rc != 0)); then

@@ -276,6 +276,7 @@ TEST(TpShardingRandomTest, ThreeRanksWithPaddedVocabularyGiveTheLogitsOfOne) {
   c.head_dim = 8;
   c.max_context_tokens = 256;
   c.rms_norm_eps = 1e-5f;
+  c.tie_word_embeddings = true;
   const auto weights = worker::MakeRandomWeightSource(7);
   const LogitDiff diff = CompareShardedLogits(
       3,
