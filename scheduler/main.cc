@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
     sigwait(&signals, &sig);
     spdlog::info("received signal {}: draining", sig);
     stop_requested = true;
+    workers.CancelInitialize();  // No-op once the workers are up.
   });
   signal_thread.detach();
 
@@ -161,6 +162,12 @@ int main(int argc, char** argv) {
       std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
                                              absl::GetFlag(FLAGS_worker_init_timeout_s) * 1000));
   absl::StatusOr<WorkerGroup::Info> info = workers.Initialize(init_deadline);
+  if (!info.ok() && stop_requested) {
+    // Nothing was accepted yet, so there is nothing to drain.
+    spdlog::info("stopped before the workers were ready");
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    return 0;
+  }
   if (!info.ok()) {
     spdlog::error("the workers did not initialise: {}", info.status().ToString());
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -36,16 +36,29 @@ bool IsTransient(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-// Makes `call` (given a fresh context) until it succeeds, fails for good, `retry` is
-// false, or `deadline` passes. wait_for_ready makes a call wait for a worker that is
-// still starting.
+}  // namespace
+
+// Runs `call` with a fresh context until it succeeds, fails with a non-transient
+// status, `retry` is false, the deadline passes or initialisation is cancelled.
+// wait_for_ready makes a call wait for a worker that is still starting.
 template <typename Call>
-grpc::Status CallUntil(std::chrono::system_clock::time_point deadline, bool retry, Call call) {
+grpc::Status WorkerGroup::CallUntil(std::chrono::system_clock::time_point deadline, bool retry,
+                                    Call call) {
   for (;;) {
     grpc::ClientContext context;
     context.set_deadline(deadline);
     context.set_wait_for_ready(true);
+    {
+      std::lock_guard<std::mutex> lock(init_mu_);
+      if (init_cancelled_) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      init_calls_.insert(&context);
+    }
     grpc::Status status = call(&context);
+    {
+      std::lock_guard<std::mutex> lock(init_mu_);
+      init_calls_.erase(&context);
+      if (init_cancelled_) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    }
     if (!retry || !IsTransient(status.error_code()) ||
         std::chrono::system_clock::now() >= deadline) {
       return status;
@@ -54,7 +67,11 @@ grpc::Status CallUntil(std::chrono::system_clock::time_point deadline, bool retr
   }
 }
 
-}  // namespace
+void WorkerGroup::CancelInitialize() {
+  std::lock_guard<std::mutex> lock(init_mu_);
+  init_cancelled_ = true;
+  for (grpc::ClientContext* context : init_calls_) context->TryCancel();
+}
 
 WorkerGroup::WorkerGroup(Options options) : options_(std::move(options)) {
   grpc::ChannelArguments args;

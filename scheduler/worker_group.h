@@ -2,8 +2,11 @@
 // every step to all of them in parallel.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +42,9 @@ class WorkerGroup final : public StepExecutor {
   // until `deadline`; with several ranks, first asks rank 0 for the collective id that
   // every Init carries. An Init that a worker rejects (bad model path, …) is returned.
   absl::StatusOr<Info> Initialize(std::chrono::system_clock::time_point deadline);
+  // Makes a running or later Initialize return CANCELLED promptly (from any thread; a
+  // SIGTERM while the workers are still starting).
+  void CancelInitialize();
 
   absl::StatusOr<worker::v1::StepResponse> Step(const worker::v1::StepRequest& request) override;
 
@@ -48,8 +54,14 @@ class WorkerGroup final : public StepExecutor {
   int world_size() const { return static_cast<int>(stubs_.size()); }
 
  private:
+  template <typename Call>
+  grpc::Status CallUntil(std::chrono::system_clock::time_point deadline, bool retry, Call call);
+
   Options options_;
   std::vector<std::unique_ptr<worker::v1::Worker::Stub>> stubs_;
+  std::atomic<bool> init_cancelled_{false};
+  std::mutex init_mu_;
+  std::set<grpc::ClientContext*> init_calls_;  // Guarded by init_mu_.
 };
 
 }  // namespace conveyor::scheduler

@@ -45,6 +45,14 @@ TEST(OperationsTest, HealthIsNotServingUntilTheWorkersAreReady) {
   EXPECT_EQ(server.Generate(Greedy({1, 2, 3}, 4)).tokens.size(), 4u);
 }
 
+TEST(OperationsTest, SigtermWhileWaitingForWorkersExitsZeroAtOnce) {
+  // No worker ever comes; the scheduler would wait --worker_init_timeout_s (600 s).
+  Server server({}, /*start_worker=*/false);
+  EXPECT_EQ(Health(server), HealthStatus::NOT_SERVING);
+  server.scheduler().Signal(SIGTERM);
+  EXPECT_EQ(server.scheduler().Wait(10s), 0);
+}
+
 TEST(OperationsTest, ReflectionListsTheServices) {
   Server server({});
   auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(server.channel());
