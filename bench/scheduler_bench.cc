@@ -32,12 +32,6 @@
 //             folder with tests/model_gen/make_test_model.py if not given.
 // bench/run_scheduler_bench.sh builds and runs it.
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-#include <fcntl.h>
-#include <poll.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -67,6 +61,7 @@
 #include "scheduler/request_pool.h"
 #include "scheduler/worker_group.h"
 #include "spdlog/spdlog.h"
+#include "tests/support/subprocess.h"
 #include "worker.pb.h"
 
 #ifndef CONVEYOR_SOURCE_DIR
@@ -457,86 +452,8 @@ void BM_Plan(benchmark::State& state, int num_seqs) {
 
 // --- step_rpc: WorkerGroup::Step to a real worker on loopback -------------------------
 
-// A conveyor-worker child process; killed if still running at exit.
-class WorkerProcess {
- public:
-  static std::unique_ptr<WorkerProcess> Start(const std::vector<std::string>& argv) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
-    const pid_t pid = fork();
-    if (pid < 0) return nullptr;
-    if (pid == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    auto p = std::unique_ptr<WorkerProcess>(new WorkerProcess());
-    p->pid_ = pid;
-    p->fd_ = fds[0];
-    return p;
-  }
-  ~WorkerProcess() {
-    if (pid_ > 0) {
-      // A Shutdown RPC may already be making it exit; wait a moment, then make sure.
-      bool exited = false;
-      for (int i = 0; i < 100 && !exited; ++i) {
-        exited = waitpid(pid_, nullptr, WNOHANG) == pid_;
-        if (!exited) std::this_thread::sleep_for(20ms);
-      }
-      if (!exited) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, nullptr, 0);
-      }
-    }
-    if (drain_.joinable()) drain_.join();  // The pipe hits EOF once the child is gone.
-    if (fd_ >= 0) close(fd_);
-  }
-
-  // The "HOST:PORT" of the "listening on HOST:PORT" line, or nullopt.
-  std::optional<std::string> WaitForAddress(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::string buffer;
-    for (;;) {
-      size_t nl;
-      while ((nl = buffer.find('\n')) != std::string::npos) {
-        const std::string line = buffer.substr(0, nl);
-        buffer.erase(0, nl + 1);
-        const std::string needle = "listening on ";
-        if (const size_t at = line.find(needle); at != std::string::npos) {
-          const int fd = fd_;
-          drain_ = std::thread([fd] {
-            char chunk[4096];
-            while (read(fd, chunk, sizeof(chunk)) > 0) {
-            }
-          });
-          return line.substr(at + needle.size());
-        }
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return std::nullopt;
-      pollfd pfd{fd_, POLLIN, 0};
-      if (poll(&pfd, 1, static_cast<int>(left.count())) <= 0) continue;
-      char chunk[4096];
-      const ssize_t n = read(fd_, chunk, sizeof(chunk));
-      if (n <= 0) return std::nullopt;
-      buffer.append(chunk, n);
-    }
-  }
-
- private:
-  WorkerProcess() = default;
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::thread drain_;
-};
-
 struct RpcFixture {
-  std::unique_ptr<WorkerProcess> process;
+  std::optional<testing::Subprocess> process;  // The conveyor-worker.
   std::unique_ptr<scheduler::WorkerGroup> group;
   scheduler::WorkerGroup::Info info;
   uint64_t next_step_id = 1;
@@ -549,14 +466,19 @@ RpcFixture& GetRpc() {
   if (g_rpc == nullptr) {
     g_rpc = std::make_unique<RpcFixture>();  // Global at once, so that Die() reaps the child.
     RpcFixture* f = g_rpc.get();
-    f->process = WorkerProcess::Start({g_flags.worker_bin, "--port=0", "--metrics_port=0",
-                                       "--log_level=warn",
-                                       "--threads=" + std::to_string(g_flags.worker_threads)});
-    if (f->process == nullptr) Die("cannot start " + g_flags.worker_bin);
-    const std::optional<std::string> address = f->process->WaitForAddress(30s);
-    if (!address) Die("the worker printed no \"listening on\" line (" + g_flags.worker_bin + ")");
+    std::optional<testing::Subprocess> started = testing::Subprocess::Start(
+        {g_flags.worker_bin, "--port=0", "--metrics_port=0", "--log_level=warn",
+         "--threads=" + std::to_string(g_flags.worker_threads)});
+    if (!started) Die("cannot start " + g_flags.worker_bin);
+    f->process.emplace(std::move(*started));
+    const std::optional<std::string> line = f->process->WaitForLine("listening on ", 30s);
+    if (!line) Die("the worker printed no \"listening on\" line (" + g_flags.worker_bin + ")");
+    f->process->DrainStdout();
+    const int port = testing::PortFromListeningLine(*line);
+    if (port < 0) Die("no port in the worker's line: " + *line);
+    const std::string address = "127.0.0.1:" + std::to_string(port);
     scheduler::WorkerGroup::Options options;
-    options.addresses = {*address};
+    options.addresses = {address};
     options.model_path = g_flags.model_dir;
     options.block_size = kBlockSize;
     options.kv_cache_bytes = 64ull << 20;
@@ -569,10 +491,11 @@ RpcFixture& GetRpc() {
   return *g_rpc;
 }
 
-// Asks the worker to exit and reaps it.
+// Asks the worker to exit and reaps it (killed if it has not exited within 2 s).
 void ShutdownRpc() {
   if (g_rpc == nullptr) return;
   g_rpc->group->ShutdownWorkers();
+  g_rpc->process->Wait(2s);
   g_rpc.reset();
 }
 
