@@ -13,9 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/test_temp_dir.h"
 #include "common/tokenizer.h"
 #include "gtest/gtest.h"
+#include "scheduler/stop_matcher.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -57,28 +59,38 @@ bool IsValidUtf8(std::string_view text) {
   return true;
 }
 
+// Trains a BPE tokenizer with byte fallback with the spm_train tool, set up as
+// tests/model_gen's test models (unless `remove_extra_whitespaces`), and loads it; null
+// on failure, which is reported. (Linking sentencepiece's trainer instead would bring its
+// private protobuf next to gRPC's; see common/sentencepiece_shim.cc.)
+std::unique_ptr<Tokenizer> TrainTokenizer(bool remove_extra_whitespaces = false) {
+  TestTempDir dir;
+  dir.WriteFile("corpus.txt", TrainingText());
+  const std::string command = absl::StrCat(
+      "cd '", dir.path(), "' && spm_train --input=corpus.txt --model_prefix=tokenizer",
+      " --vocab_size=400 --model_type=bpe --character_coverage=1.0 --byte_fallback=true",
+      " --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 --hard_vocab_limit=false",
+      " --normalization_rule_name=identity --remove_extra_whitespaces=",
+      remove_extra_whitespaces ? "true" : "false",
+      " --add_dummy_prefix=true --split_digits=true --allow_whitespace_only_pieces=true",
+      " --num_threads=1 > spm_train.log 2>&1");
+  const int exit_code = std::system(command.c_str());
+  if (exit_code != 0) {
+    std::ifstream log(dir.path() + "/spm_train.log");
+    ADD_FAILURE() << command << "\n" << log.rdbuf();
+    return nullptr;
+  }
+  auto tokenizer = Tokenizer::Load(dir.path());
+  if (!tokenizer.ok()) {
+    ADD_FAILURE() << tokenizer.status();
+    return nullptr;
+  }
+  return *std::move(tokenizer);
+}
+
 class DetokenizerTest : public ::testing::Test {
  protected:
-  // Trains a BPE tokenizer with byte fallback with the spm_train tool, set up as
-  // tests/model_gen's test models. (Linking sentencepiece's trainer instead would bring
-  // its private protobuf next to gRPC's; see common/sentencepiece_shim.cc.)
-  static void SetUpTestSuite() {
-    TestTempDir dir;
-    dir.WriteFile("corpus.txt", TrainingText());
-    const std::string command = absl::StrCat(
-        "cd '", dir.path(), "' && spm_train --input=corpus.txt --model_prefix=tokenizer",
-        " --vocab_size=400 --model_type=bpe --character_coverage=1.0 --byte_fallback=true",
-        " --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 --hard_vocab_limit=false",
-        " --normalization_rule_name=identity --remove_extra_whitespaces=false",
-        " --add_dummy_prefix=true --split_digits=true --allow_whitespace_only_pieces=true",
-        " --num_threads=1 > spm_train.log 2>&1");
-    const int exit_code = std::system(command.c_str());
-    std::ifstream log(dir.path() + "/spm_train.log");
-    ASSERT_EQ(exit_code, 0) << command << "\n" << log.rdbuf();
-    auto tokenizer = Tokenizer::Load(dir.path());
-    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-    tokenizer_ = *std::move(tokenizer);
-  }
+  static void SetUpTestSuite() { tokenizer_ = TrainTokenizer(); }
 
   static void TearDownTestSuite() { tokenizer_.reset(); }
 
@@ -103,6 +115,65 @@ class DetokenizerTest : public ::testing::Test {
 
   static inline std::unique_ptr<Tokenizer> tokenizer_;
 };
+
+// The detokenizer as it was before the anchor: after each emission it decoded the tokens
+// just streamed alone for the prefix's size, two Decode calls per token. With this file's
+// tokenizer the anchor must not change what any step emits (with remove_extra_whitespaces
+// the two differ where this one was wrong; see DetokenizerWithoutExtraWhitespaceTest).
+class TwoDecodeDetokenizer {
+ public:
+  TwoDecodeDetokenizer(const Tokenizer* tokenizer, std::span<const int> prompt)
+      : tokenizer_(tokenizer) {
+    const std::span<const int> context =
+        prompt.last(std::min(prompt.size(), IncrementalDetokenizer::kContextTokens));
+    window_.assign(context.begin(), context.end());
+    while (!window_.empty() && tokenizer_->Decode(window_).ends_with("\uFFFD")) {
+      window_.pop_back();
+    }
+    prefix_tokens_ = window_.size();
+    prefix_text_bytes_ = tokenizer_->Decode(window_).size();
+  }
+
+  std::string Append(int token_id) {
+    window_.push_back(token_id);
+    const std::string text = tokenizer_->Decode(window_);
+    if (text.ends_with("\uFFFD")) return "";
+    return TakeNewText(text);
+  }
+
+  std::string Flush() { return TakeNewText(tokenizer_->Decode(window_)); }
+
+ private:
+  std::string TakeNewText(const std::string& window_text) {
+    if (window_text.size() <= prefix_text_bytes_) return "";
+    std::string new_text = window_text.substr(prefix_text_bytes_);
+    window_.erase(window_.begin(), window_.begin() + static_cast<std::ptrdiff_t>(prefix_tokens_));
+    prefix_tokens_ = window_.size();
+    prefix_text_bytes_ = tokenizer_->Decode(window_).size();
+    return new_text;
+  }
+
+  const Tokenizer* tokenizer_;
+  std::vector<int> window_;
+  size_t prefix_tokens_;
+  size_t prefix_text_bytes_;
+};
+
+// Streams `output` in context `prompt` through both detokenizers, calling Flush after the
+// tokens whose indices are in `flush_after` (and at the end), and expects the same chunks.
+void ExpectSameChunksAsTwoDecode(const Tokenizer* tokenizer, std::span<const int> prompt,
+                                 const std::vector<int>& output,
+                                 const std::vector<size_t>& flush_after = {}) {
+  IncrementalDetokenizer detokenizer(tokenizer, prompt);
+  TwoDecodeDetokenizer reference(tokenizer, prompt);
+  for (size_t i = 0; i < output.size(); ++i) {
+    ASSERT_EQ(detokenizer.Append(output[i]), reference.Append(output[i])) << "token " << i;
+    if (std::find(flush_after.begin(), flush_after.end(), i) != flush_after.end()) {
+      ASSERT_EQ(detokenizer.Flush(), reference.Flush()) << "flush after token " << i;
+    }
+  }
+  ASSERT_EQ(detokenizer.Flush(), reference.Flush()) << "final flush";
+}
 
 TEST_F(DetokenizerTest, ByteIdsDecodeToTheirBytes) {
   EXPECT_EQ(tokenizer_->Decode({ByteId('A'), ByteId('\n')}), "A\n");
@@ -244,6 +315,247 @@ TEST_F(DetokenizerTest, EmitsCompleteTextWithoutWaitingForFlush) {
     output.push_back(ByteId('.'));
     SCOPED_TRACE(absl::StrCat("output ids: ", absl::StrJoin(output, ",")));
     EXPECT_EQ(Stream({}, output).back(), "");
+  }
+}
+
+// --- One Decode call per token: the anchor ---------------------------------------------
+
+// Text that exercises what the anchor must not change: leading spaces, whitespace-only
+// pieces, accented letters in the vocabulary, CJK and emoji as byte-fallback tokens, and
+// characters outside the training text ('#', '!', '?') as single byte tokens.
+constexpr std::string_view kMixedText =
+    "hello world, the café serves 你好 🚀🚀 to 22 naïve élèves.  two  spaces,\nnew "
+    "line\ttab ### done! ö 你好吗?";
+
+TEST_F(DetokenizerTest, DecodesOncePerTokenPastTheFirstEmissions) {
+  std::string text;
+  for (int i = 0; i < 20; ++i) absl::StrAppend(&text, std::string(kMixedText), " ");
+  const std::vector<int> output = Encode(text);
+  for (const std::vector<int>& prompt : {std::vector<int>(), Encode("the quick brown fox"),
+                                         std::vector<int>{tokenizer_->bos_id()}}) {
+    SCOPED_TRACE(absl::StrCat("prompt: ", absl::StrJoin(prompt, ",")));
+    IncrementalDetokenizer detokenizer(tokenizer_.get(), prompt);
+    std::string streamed;
+    for (int id : output) streamed += detokenizer.Append(id);
+    streamed += detokenizer.Flush();
+    std::vector<int> full = prompt;
+    full.insert(full.end(), output.begin(), output.end());
+    EXPECT_EQ(streamed, tokenizer_->Decode(full).substr(tokenizer_->Decode(prompt).size()));
+    // One call per Append and the Flush; besides, at most: the context's, the new
+    // tokens alone after the first emission at the text's start, and the anchor's check.
+    EXPECT_LE(detokenizer.decode_calls(), output.size() + 1 + 3);
+    EXPECT_GE(detokenizer.decode_calls(), output.size() + 1);
+  }
+}
+
+TEST_F(DetokenizerTest, MatchesTheTwoDecodeDetokenizerChunkForChunk) {
+  const std::vector<std::string> texts = {
+      std::string(kMixedText), "hello", " hello", "  hello", "🚀 hello",    "你好", "\n\n hi",
+      "### the end",           "a",     " ",      "café",    "!!! ??? ###"};
+  const std::vector<std::vector<int>> prompts = {
+      {},
+      {tokenizer_->bos_id()},
+      Encode("hello"),
+      Encode("the café serves 你好"),
+      Encode(" "),
+      {ByteId(0xE4), ByteId(0xBD)},  // Ends inside a character.
+      {ByteId('a'), ByteId(0xF0), ByteId(0x9F), ByteId(0x9A), ByteId(0x80)},
+      {tokenizer_->bos_id(), tokenizer_->eos_id()},
+  };
+  for (const std::vector<int>& prompt : prompts) {
+    for (const std::string& text : texts) {
+      SCOPED_TRACE(absl::StrCat("prompt: ", absl::StrJoin(prompt, ","), " text: ", text));
+      ExpectSameChunksAsTwoDecode(tokenizer_.get(), prompt, Encode(text));
+    }
+  }
+}
+
+TEST_F(DetokenizerTest, MatchesTheTwoDecodeDetokenizerOnRandomIds) {
+  std::mt19937 rng(31337);
+  const std::vector<int> prompt = Encode("the café serves 你好");
+  for (int round = 0; round < 2000; ++round) {
+    const std::vector<int> output = RandomIds(rng, tokenizer_->vocab_size(), 1);
+    SCOPED_TRACE(absl::StrCat("output ids: ", absl::StrJoin(output, ",")));
+    ExpectSameChunksAsTwoDecode(tokenizer_.get(), {}, output);
+    ExpectSameChunksAsTwoDecode(tokenizer_.get(), prompt, output);
+    // Appends after a Flush are outside the contract; the anchor changes nothing there
+    // either.
+    ExpectSameChunksAsTwoDecode(tokenizer_.get(), prompt, output,
+                                {std::uniform_int_distribution<size_t>(0, output.size())(rng)});
+    if (HasFailure()) break;
+  }
+}
+
+TEST_F(DetokenizerTest, LeadingSpaceOnlyDropsAtTheTextsStart) {
+  const std::vector<int> output = Encode("hello world again");
+  ASSERT_GE(output.size(), 3U);
+  ASSERT_EQ(tokenizer_->Piece(output[0]).rfind("\u2581", 0), 0U) << tokenizer_->Piece(output[0]);
+  // Without context, and after a control token only, the first piece's "▁" is the
+  // text's start; every later piece keeps it, the ones streamed behind the anchor too.
+  for (const std::vector<int>& prompt :
+       {std::vector<int>(), std::vector<int>{tokenizer_->bos_id()}}) {
+    const std::vector<std::string> chunks = Stream(prompt, output);
+    EXPECT_EQ(absl::StrJoin(chunks, ""), "hello world again");
+    EXPECT_FALSE(chunks.front().starts_with(" ")) << chunks.front();
+  }
+  // After context that renders text, the first piece keeps its space too.
+  EXPECT_EQ(absl::StrJoin(Stream(Encode("say"), output), ""), " hello world again");
+  // Whitespace-only pieces at the start: only the first "▁" is dropped.
+  for (const std::string text : {"   x y", " \n x", "  "}) {
+    SCOPED_TRACE(text);
+    const std::vector<int> spaces = Encode(text);
+    EXPECT_EQ(absl::StrJoin(Stream({}, spaces), ""), text);
+    EXPECT_EQ(absl::StrJoin(Stream(std::vector<int>{tokenizer_->bos_id()}, spaces), ""), text);
+  }
+}
+
+TEST_F(DetokenizerTest, ByteFallbackCharacterSplitAcrossStepsBehindTheAnchor) {
+  // "go" streams first (the anchor is checked then), then the rocket's four byte tokens,
+  // one per step, then more text.
+  std::vector<int> output = Encode("go on");
+  for (unsigned char byte : std::string_view("🚀")) output.push_back(ByteId(byte));
+  const std::vector<int> tail = Encode("now 你好");  // "▁now": the dummy prefix's space.
+  output.insert(output.end(), tail.begin(), tail.end());
+  IncrementalDetokenizer detokenizer(tokenizer_.get(), Encode("rocket"));
+  std::vector<std::string> chunks;
+  chunks.reserve(output.size() + 1);
+  for (int id : output) chunks.push_back(detokenizer.Append(id));
+  chunks.push_back(detokenizer.Flush());
+  const size_t first_byte = Encode("go on").size();
+  EXPECT_EQ(chunks[first_byte], "");
+  EXPECT_EQ(chunks[first_byte + 1], "");
+  EXPECT_EQ(chunks[first_byte + 2], "");
+  EXPECT_EQ(chunks[first_byte + 3], "🚀");
+  EXPECT_EQ(absl::StrJoin(chunks, ""), " go on🚀 now 你好");
+  for (const std::string& chunk : chunks) EXPECT_TRUE(IsValidUtf8(chunk)) << chunk;
+}
+
+TEST_F(DetokenizerTest, StrayContinuationBytesAfterACompleteCharacter) {
+  // "é" as byte tokens completes a character; the continuation byte after it is stray and
+  // must decode to U+FFFD on its own, not join the "é" before it (nor the anchor).
+  const std::vector<int> output = {ByteId('a'), ByteId(0xC3), ByteId(0xA9), ByteId(0xA9),
+                                   ByteId('b'), ByteId(0xE4), ByteId('c')};
+  for (const std::vector<int>& prompt : {std::vector<int>(), Encode("hello")}) {
+    std::vector<int> full = prompt;
+    full.insert(full.end(), output.begin(), output.end());
+    const std::string expected = tokenizer_->Decode(full).substr(tokenizer_->Decode(prompt).size());
+    EXPECT_EQ(expected, "a\u00E9\uFFFDb\uFFFDc");
+    EXPECT_EQ(absl::StrJoin(Stream(prompt, output), ""), expected);
+    ExpectSameChunksAsTwoDecode(tokenizer_.get(), prompt, output);
+  }
+}
+
+TEST_F(DetokenizerTest, OutputOfByteTokensOnlyNeedsNoAnchor) {
+  // No token here can anchor (all are byte-fallback): every emission decodes the new
+  // tokens alone, as before the anchor, and the text is still right.
+  std::vector<int> output;
+  for (int i = 0; i < 30; ++i) {
+    for (unsigned char byte : std::string_view("你🚀é")) output.push_back(ByteId(byte));
+  }
+  IncrementalDetokenizer detokenizer(tokenizer_.get(), {});
+  std::string streamed;
+  for (int id : output) streamed += detokenizer.Append(id);
+  streamed += detokenizer.Flush();
+  EXPECT_EQ(streamed, tokenizer_->Decode(output));
+  // One call per token, one more per emitted character (3 per 9 tokens).
+  EXPECT_LE(detokenizer.decode_calls(), output.size() + 1 + output.size() / 3);
+  ExpectSameChunksAsTwoDecode(tokenizer_.get(), {}, output);
+}
+
+TEST_F(DetokenizerTest, StopStringsSpanningTokensCutTheStreamedText) {
+  // Stop strings made of several pieces, of byte-fallback tokens ('#' is not in the
+  // training text) and of multi-byte characters split over byte tokens.
+  struct Case {
+    std::string stop;
+    std::string expected;
+  };
+  const std::string text(kMixedText);
+  for (const Case& c : {Case{"###", text.substr(0, text.find("###"))},
+                        Case{" ###", text.substr(0, text.find(" ###"))},
+                        Case{"café serves", text.substr(0, text.find("café serves"))},
+                        Case{"你好 🚀", text.substr(0, text.find("你好 🚀"))},
+                        Case{"🚀🚀 to", text.substr(0, text.find("🚀🚀 to"))}, Case{"world,", "hello "},
+                        Case{"not there", text}}) {
+    SCOPED_TRACE(c.stop);
+    for (const std::vector<int>& prompt : {std::vector<int>(), Encode("say")}) {
+      IncrementalDetokenizer detokenizer(tokenizer_.get(), prompt);
+      StopMatcher matcher({c.stop});
+      std::string streamed;
+      bool stopped = false;
+      for (int id : Encode(text)) {
+        const StopMatcher::Result result = matcher.Feed(detokenizer.Append(id));
+        streamed += result.emit;
+        if ((stopped = result.stopped)) break;
+      }
+      if (!stopped) {
+        const StopMatcher::Result result = matcher.Feed(detokenizer.Flush());
+        streamed += result.emit;
+        stopped = result.stopped;
+        if (!stopped) streamed += matcher.Flush();
+      }
+      const std::string expected = prompt.empty() ? c.expected : " " + c.expected;
+      EXPECT_EQ(streamed, expected);
+      EXPECT_EQ(stopped, c.stop != "not there");
+      EXPECT_TRUE(IsValidUtf8(streamed));
+    }
+  }
+}
+
+TEST(DetokenizerWithoutExtraWhitespaceTest, StreamsAsDecodeDoes) {
+  // With remove_extra_whitespaces, sentencepiece strips the leading "▁" of every piece at
+  // the text's start until text appears, not just the first one's. A "▁" streamed alone
+  // then decodes to nothing and leaves the next piece at the text's start; the
+  // two-decode detokenizer dropped that piece's space, this one keeps it.
+  const std::unique_ptr<Tokenizer> tokenizer = TrainTokenizer(/*remove_extra_whitespaces=*/true);
+  ASSERT_NE(tokenizer, nullptr);
+  auto stream = [&](std::span<const int> prompt, const std::vector<int>& output) {
+    IncrementalDetokenizer detokenizer(tokenizer.get(), prompt);
+    std::string streamed;
+    for (int id : output) {
+      const std::string chunk = detokenizer.Append(id);
+      EXPECT_TRUE(IsValidUtf8(chunk)) << chunk;
+      streamed += chunk;
+    }
+    return streamed + detokenizer.Flush();
+  };
+  auto in_context = [&](std::span<const int> prompt, const std::vector<int>& output) {
+    std::vector<int> full(prompt.begin(), prompt.end());
+    full.insert(full.end(), output.begin(), output.end());
+    return tokenizer->Decode(full).substr(
+        tokenizer->Decode(std::vector<int>(prompt.begin(), prompt.end())).size());
+  };
+  std::vector<int> spaces;  // Whitespace-only pieces: "▁", "▁▁", ...
+  for (int id = 0; id < tokenizer->vocab_size(); ++id) {
+    const std::string piece = tokenizer->Piece(id);
+    if (!piece.empty() && absl::StrReplaceAll(piece, {{"\u2581", ""}}).empty()) {
+      spaces.push_back(id);
+    }
+  }
+  ASSERT_FALSE(spaces.empty());
+  const int space = *tokenizer->Encode(" x")->begin();  // "▁", then "▁x".
+  ASSERT_EQ(tokenizer->Piece(space), "\u2581");
+
+  const std::vector<int> hello = *tokenizer->Encode("hello");
+  std::vector<int> output = *tokenizer->Encode("and more");
+  output.insert(output.begin(), space);
+  EXPECT_EQ(in_context(hello, output), "  and more");
+  EXPECT_EQ(stream(hello, output), "  and more");
+
+  std::mt19937 rng(4242);
+  const std::vector<int> prompt = *tokenizer->Encode("the café serves 你好");
+  for (int round = 0; round < 1000; ++round) {
+    std::vector<int> output = RandomIds(rng, tokenizer->vocab_size(), 1);
+    // Whitespace-only pieces in front and in the middle, where the renderings differ.
+    for (int i = round % 4; i > 0; --i) {
+      output.insert(output.begin(), spaces[rng() % spaces.size()]);
+      output.insert(output.begin() + static_cast<std::ptrdiff_t>(rng() % output.size()), space);
+    }
+    SCOPED_TRACE(absl::StrCat("output ids: ", absl::StrJoin(output, ",")));
+    for (const std::vector<int>& context :
+         {std::vector<int>(), prompt, hello, std::vector<int>{tokenizer->bos_id()}}) {
+      EXPECT_EQ(stream(context, output), in_context(context, output));
+    }
+    if (HasFailure()) break;
   }
 }
 
