@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/exp_avx512.h"
 
 namespace conveyor::kernels::internal {
 namespace {
@@ -33,29 +34,9 @@ static_assert(kAttentionChunk == kLanes, "a chunk's scores fill one register");
 // Query rows register-blocked together: 2 score accumulators each, 16 of 32 registers.
 constexpr int kMaxBlockRows = 8;
 
-// exp(x) to ~1 ulp for x <= 0 (Cephes expf's range reduction and polynomial); values
-// below -104 give 0, as their true value is under half the smallest denormal.
-__m512 Exp(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // x - n·ln2 in two steps (ln2 = 0.693359375 - 2.12194440e-4 + ...): the first product
-  // is exact, which keeps r accurate.
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
-  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y =
-      _mm512_add_ps(_mm512_fmadd_ps(poly, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  // scalef multiplies by 2^n with correct underflow to denormals and zero.
-  return _mm512_scalef_ps(y, n);
+float ExpScalar(float x) {
+  return _mm_cvtss_f32(_mm512_castps512_ps128(ExpAvx512(_mm512_set1_ps(x))));
 }
-
-float ExpScalar(float x) { return _mm_cvtss_f32(_mm512_castps512_ps128(Exp(_mm512_set1_ps(x)))); }
 
 __m512 UnpackLo64(__m512 a, __m512 b) {
   return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
@@ -201,7 +182,8 @@ void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
       alpha = st.m[row] == -INFINITY ? 0.0f : ExpScalar(st.m[row] - chunk_max);
       st.m[row] = chunk_max;
     }
-    const __m512 p = _mm512_maskz_mov_ps(valid, Exp(_mm512_sub_ps(x, _mm512_set1_ps(st.m[row]))));
+    const __m512 p =
+        _mm512_maskz_mov_ps(valid, ExpAvx512(_mm512_sub_ps(x, _mm512_set1_ps(st.m[row]))));
     _mm512_store_ps(st.p + row * kLanes, p);
     float* l = st.l + row * kLanes;
     _mm512_store_ps(l, _mm512_fmadd_ps(_mm512_load_ps(l), _mm512_set1_ps(alpha), p));

@@ -1,9 +1,9 @@
 // The CPU backend: fp32 activations in host memory, GEMM through the batch-invariant
 // packed kernel (gemm.h), attention through tiled kernels (attention.h), everything
-// else as per-token loops split over a thread pool. Each token's result is computed by
-// one thread in a fixed order, so it does not depend on the batch around it.
+// else as per-token row kernels (row_kernels.h) or row copies split over a thread pool
+// by rows. Each token's result is computed by one thread in a fixed order, so it does
+// not depend on the batch around it.
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -12,13 +12,20 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/row_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace conveyor::kernels {
 namespace {
 
-// Tokens per ParallelFor chunk for cheap per-token operations.
-constexpr int64_t kRowGrain = 16;
+// Floats (about 64 KiB) a ParallelFor chunk of a per-token operation should cover, so
+// that a chunk's work outweighs handing it to another thread.
+constexpr int64_t kChunkFloats = int64_t{16} << 10;
+
+// Rows per chunk for an operation that touches `row_floats` floats per row.
+int64_t RowGrain(int64_t row_floats) {
+  return std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(1, row_floats));
+}
 
 class CpuLinearWeight final : public LinearWeight {
  public:
@@ -46,13 +53,6 @@ class CpuLinearWeight final : public LinearWeight {
 float* AlignedFloats(size_t count) {
   const size_t bytes = std::max<size_t>(64, (count * sizeof(float) + 63) / 64 * 64);
   return static_cast<float*>(std::aligned_alloc(64, bytes));
-}
-
-// Returns 1/sqrt(mean(x²) + eps), accumulated in double in index order.
-float InverseRms(const float* x, int hidden, float eps) {
-  double sum = 0.0;
-  for (int i = 0; i < hidden; ++i) sum += static_cast<double>(x[i]) * x[i];
-  return static_cast<float>(1.0 / std::sqrt(sum / hidden + eps));
 }
 
 class CpuBackend final : public Backend {
@@ -108,12 +108,7 @@ class CpuBackend final : public Backend {
 
   void Embedding(const void* table, int hidden, const int32_t* ids, int n,
                  void* out) override {
-    const float* t = static_cast<const float*>(table);
-    float* o = static_cast<float*>(out);
-    for (int i = 0; i < n; ++i) {
-      std::memcpy(o + static_cast<size_t>(i) * hidden, t + static_cast<size_t>(ids[i]) * hidden,
-                  hidden * sizeof(float));
-    }
+    CopyRows(static_cast<const float*>(table), hidden, ids, n, static_cast<float*>(out));
   }
 
   void RmsNorm(const void* x, const void* weight, int n, int hidden, float eps,
@@ -121,11 +116,9 @@ class CpuBackend final : public Backend {
     const float* xs = static_cast<const float*>(x);
     const float* w = static_cast<const float*>(weight);
     float* o = static_cast<float*>(out);
-    pool_.ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+    pool_.ParallelFor(n, RowGrain(hidden), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const float* row = xs + t * hidden;
-        const float inv = InverseRms(row, hidden, eps);
-        for (int i = 0; i < hidden; ++i) o[t * hidden + i] = row[i] * inv * w[i];
+        row_kernels_.rms_norm(xs + t * hidden, w, hidden, eps, o + t * hidden);
       }
     });
   }
@@ -136,12 +129,10 @@ class CpuBackend final : public Backend {
     const float* xs = static_cast<const float*>(x);
     const float* w = static_cast<const float*>(weight);
     float* o = static_cast<float*>(out);
-    pool_.ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+    pool_.ParallelFor(n, RowGrain(2 * int64_t{hidden}), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        float* row = res + t * hidden;
-        for (int i = 0; i < hidden; ++i) row[i] += xs[t * hidden + i];
-        const float inv = InverseRms(row, hidden, eps);
-        for (int i = 0; i < hidden; ++i) o[t * hidden + i] = row[i] * inv * w[i];
+        row_kernels_.add_rms_norm(res + t * hidden, xs + t * hidden, w, hidden, eps,
+                                  o + t * hidden);
       }
     });
   }
@@ -159,24 +150,14 @@ class CpuBackend final : public Backend {
     const float* sin_table = cos_table + static_cast<size_t>(max_positions) * half;
     float* qs = static_cast<float*>(q);
     float* ks = static_cast<float*>(k);
-    auto rotate = [half](float* head, const float* cs, const float* sn) {
-      for (int i = 0; i < half; ++i) {
-        const float x1 = head[i];
-        const float x2 = head[i + half];
-        head[i] = x1 * cs[i] - x2 * sn[i];
-        head[i + half] = x2 * cs[i] + x1 * sn[i];
-      }
-    };
-    pool_.ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+    const int64_t row_floats =
+        static_cast<int64_t>(shape.num_heads + shape.num_kv_heads) * shape.head_dim;
+    pool_.ParallelFor(n, RowGrain(row_floats), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const float* cs = cos_table + static_cast<size_t>(positions[t]) * half;
         const float* sn = sin_table + static_cast<size_t>(positions[t]) * half;
-        for (int h = 0; h < shape.num_heads; ++h) {
-          rotate(qs + t * row_stride + h * shape.head_dim, cs, sn);
-        }
-        for (int h = 0; h < shape.num_kv_heads; ++h) {
-          rotate(ks + t * row_stride + h * shape.head_dim, cs, sn);
-        }
+        row_kernels_.rope(qs + t * row_stride, shape.num_heads, shape.head_dim, cs, sn);
+        row_kernels_.rope(ks + t * row_stride, shape.num_kv_heads, shape.head_dim, cs, sn);
       }
     });
   }
@@ -185,15 +166,16 @@ class CpuBackend final : public Backend {
                const int32_t* slot_mapping, const AttentionShape& shape,
                KvLayer layer) override {
     const size_t slot_floats = static_cast<size_t>(shape.num_kv_heads) * shape.head_dim;
-    for (int t = 0; t < n; ++t) {
-      const size_t slot = static_cast<size_t>(slot_mapping[t]);
-      std::memcpy(static_cast<float*>(layer.k) + slot * slot_floats,
-                  static_cast<const float*>(k) + static_cast<size_t>(t) * row_stride,
-                  slot_floats * sizeof(float));
-      std::memcpy(static_cast<float*>(layer.v) + slot * slot_floats,
-                  static_cast<const float*>(v) + static_cast<size_t>(t) * row_stride,
-                  slot_floats * sizeof(float));
-    }
+    const int64_t grain = RowGrain(2 * static_cast<int64_t>(slot_floats));
+    pool_.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const size_t slot = static_cast<size_t>(slot_mapping[t]);
+        std::memcpy(static_cast<float*>(layer.k) + slot * slot_floats,
+                    static_cast<const float*>(k) + t * row_stride, slot_floats * sizeof(float));
+        std::memcpy(static_cast<float*>(layer.v) + slot * slot_floats,
+                    static_cast<const float*>(v) + t * row_stride, slot_floats * sizeof(float));
+      }
+    });
   }
 
   void PagedAttention(const void* q, int q_row_stride, const AttentionBatch& batch,
@@ -205,25 +187,32 @@ class CpuBackend final : public Backend {
   void SiluMul(const void* gate_up, int n, int ffn, void* out) override {
     const float* gu = static_cast<const float*>(gate_up);
     float* o = static_cast<float*>(out);
-    pool_.ParallelFor(n, kRowGrain, [&](int64_t begin, int64_t end) {
+    // Reads gate and up, writes out: three floats per output.
+    pool_.ParallelFor(n, RowGrain(3 * int64_t{ffn}), [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const float* g = gu + t * 2 * ffn;
-        const float* u = g + ffn;
-        for (int i = 0; i < ffn; ++i) o[t * ffn + i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        row_kernels_.silu_mul(g, g + ffn, ffn, o + t * ffn);
       }
     });
   }
 
   void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows,
                   void* out) override {
-    for (int i = 0; i < n_rows; ++i) {
-      std::memcpy(static_cast<float*>(out) + static_cast<size_t>(i) * hidden,
-                  static_cast<const float*>(x) + static_cast<size_t>(rows[i]) * hidden,
-                  hidden * sizeof(float));
-    }
+    CopyRows(static_cast<const float*>(x), hidden, rows, n_rows, static_cast<float*>(out));
   }
 
  private:
+  // out[i, :] = src[rows[i], :] for i < n, rows of `width` floats.
+  void CopyRows(const float* src, int width, const int32_t* rows, int n, float* out) {
+    pool_.ParallelFor(n, RowGrain(width), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        std::memcpy(out + i * width, src + static_cast<size_t>(rows[i]) * width,
+                    width * sizeof(float));
+      }
+    });
+  }
+
+  const internal::RowKernels& row_kernels_ = internal::RowKernelsForCpu();
   ThreadPool pool_;
 };
 

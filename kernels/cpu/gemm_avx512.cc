@@ -10,14 +10,14 @@ namespace {
 
 template <int kRows>
 void Kernel(const float* x, int ldx, const float* panel, int k, const float* bias, float* y,
-            int ldy, int cols) {
+            int ldy, int cols, const float* prefetch, int prefetch_lines) {
   __m512 acc[kRows][2];
 #pragma GCC unroll 12
   for (int r = 0; r < kRows; ++r) {
     acc[r][0] = _mm512_setzero_ps();
     acc[r][1] = _mm512_setzero_ps();
   }
-  for (int i = 0; i < k; ++i) {
+  auto step = [&](int i) {
     const __m512 b0 = _mm512_load_ps(panel + i * kGemmPanelWidth);
     const __m512 b1 = _mm512_load_ps(panel + i * kGemmPanelWidth + 16);
 #pragma GCC unroll 12
@@ -25,6 +25,19 @@ void Kernel(const float* x, int ldx, const float* panel, int k, const float* bia
       const __m512 a = _mm512_set1_ps(x[r * ldx + i]);
       acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
       acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+    }
+  };
+  if (prefetch_lines == 0) {
+    for (int i = 0; i < k; ++i) step(i);
+  } else {
+    // The prefetches are spread evenly over the k loop (prefetch_lines / k per step), so
+    // they trickle out while the FMAs run instead of queuing up at once.
+    const char* line = reinterpret_cast<const char*>(prefetch);
+    int credit = 0;
+    for (int i = 0; i < k; ++i) {
+      credit += prefetch_lines;
+      for (; credit >= k; credit -= k, line += 64) _mm_prefetch(line, _MM_HINT_T1);
+      step(i);
     }
   }
   const __mmask16 m0 = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
@@ -51,20 +64,21 @@ void Kernel(const float* x, int ldx, const float* panel, int k, const float* bia
 }  // namespace
 
 void GemmPanelAvx512(const float* x, int ldx, int m, const float* panel, int k,
-                     const float* bias, float* y, int ldy, int cols) {
+                     const float* bias, float* y, int ldy, int cols, const float* prefetch,
+                     int prefetch_lines) {
   switch (m) {
-    case 1: return Kernel<1>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 2: return Kernel<2>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 3: return Kernel<3>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 4: return Kernel<4>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 5: return Kernel<5>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 6: return Kernel<6>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 7: return Kernel<7>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 8: return Kernel<8>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 9: return Kernel<9>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 10: return Kernel<10>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 11: return Kernel<11>(x, ldx, panel, k, bias, y, ldy, cols);
-    case 12: return Kernel<12>(x, ldx, panel, k, bias, y, ldy, cols);
+    case 1: return Kernel<1>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 2: return Kernel<2>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 3: return Kernel<3>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 4: return Kernel<4>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 5: return Kernel<5>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 6: return Kernel<6>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 7: return Kernel<7>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 8: return Kernel<8>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 9: return Kernel<9>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 10: return Kernel<10>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 11: return Kernel<11>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 12: return Kernel<12>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
     default: return;
   }
 }
