@@ -44,6 +44,7 @@
 #include "common/model_config.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "nlohmann/json.hpp"
 #include "worker/device_sampler.h"
 #include "worker/direct_runner.h"
 #include "worker/kv_cache.h"
@@ -362,20 +363,23 @@ absl::Status Run() {
               decode_steps, SecondsSince(run_start));
 
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
-    std::ofstream out(path);
-    out << "{\"backend\": \"" << backend->name() << "\", \"shape\": \""
-        << absl::GetFlag(FLAGS_shape) << "\", \"layers\": " << config.num_layers
-        << ", \"prompt_tokens\": " << prompt << ", \"bandwidth_bytes_per_s\": "
-        << ceilings.bandwidth << ", \"matrix_flops_per_s\": " << ceilings.matrix
-        << ", \"rows\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      out << (i ? ", " : "") << "{\"phase\": \"" << r.phase << "\", \"batch\": " << r.batch
-          << ", \"tokens\": " << r.tokens << ", \"seconds\": " << r.seconds
-          << ", \"floor_seconds\": " << r.floor_seconds << ", \"bound\": \"" << r.bound
-          << "\"}";
+    nlohmann::json report = {{"backend", backend->name()},
+                              {"shape", absl::GetFlag(FLAGS_shape)},
+                              {"layers", config.num_layers},
+                              {"prompt_tokens", prompt},
+                              {"bandwidth_bytes_per_s", ceilings.bandwidth},
+                              {"matrix_flops_per_s", ceilings.matrix},
+                              {"rows", nlohmann::json::array()}};
+    for (const Row& r : rows) {
+      report["rows"].push_back({{"phase", r.phase},
+                                {"batch", r.batch},
+                                {"tokens", r.tokens},
+                                {"seconds", r.seconds},
+                                {"floor_seconds", r.floor_seconds},
+                                {"bound", r.bound}});
     }
-    out << "]}\n";
+    std::ofstream out(path);
+    out << report.dump(2) << "\n";
     if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
   }
   return absl::OkStatus();

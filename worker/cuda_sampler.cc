@@ -23,36 +23,48 @@ namespace {
 namespace cuda = kernels::cuda;
 using kernels::cuda::CudaStatus;
 
-cudaError_t MallocDevice(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
-cudaError_t MallocPinned(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
-
-// Device (or pinned host) memory that grows; the stream must be idle when it does.
-template <cudaError_t (*kMalloc)(void**, size_t), cudaError_t (*kFree)(void*)>
-class GrowingBuffer {
+// Pinned host memory that grows; the stream must be idle when it does.
+class PinnedBuffer {
  public:
-  ~GrowingBuffer() { kFree(data_); }
+  ~PinnedBuffer() { cudaFreeHost(data_); }
   absl::Status Reserve(size_t bytes) {
     if (bytes <= size_) return absl::OkStatus();
-    kFree(data_);
+    cudaFreeHost(data_);
     data_ = nullptr;
-    size_ = 0;
     const size_t grown = std::max(bytes, 2 * size_);
-    RETURN_IF_ERROR(CudaStatus(kMalloc(&data_, grown), "allocating sampler memory"));
+    size_ = 0;
+    RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&data_, grown), "cudaMallocHost (sampler)"));
     size_ = grown;
     return absl::OkStatus();
   }
   void* data() const { return data_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
 };
-using DeviceBuffer = GrowingBuffer<MallocDevice, cudaFree>;
-using PinnedBuffer = GrowingBuffer<MallocPinned, cudaFreeHost>;
+
+// Backend (device) memory that grows; likewise.
+class DeviceBuffer {
+ public:
+  absl::Status Reserve(kernels::Backend* backend, size_t bytes) {
+    if (bytes <= size_) return absl::OkStatus();
+    const size_t grown = std::max(bytes, 2 * size_);
+    buffer_.reset();  // Freed first: the old and new sizes need not fit together.
+    size_ = 0;
+    ASSIGN_OR_RETURN(buffer_, kernels::AllocateBuffer(backend, grown));
+    size_ = grown;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(buffer_.get());
+  }
+
+ private:
+  kernels::BackendBuffer buffer_;
+  size_t size_ = 0;
+};
 
 class CudaSampler final : public DeviceSampler {
  public:
@@ -67,12 +79,12 @@ class CudaSampler final : public DeviceSampler {
 
   absl::Status Init() {
     const size_t cells = static_cast<size_t>(max_rows_) * vocab_;
-    RETURN_IF_ERROR(work_.Reserve(cells * sizeof(float)));
-    RETURN_IF_ERROR(sorted_.Reserve(cells * sizeof(float)));
-    RETURN_IF_ERROR(ids_.Reserve(cells * sizeof(int32_t)));
-    RETURN_IF_ERROR(sorted_ids_.Reserve(cells * sizeof(int32_t)));
-    RETURN_IF_ERROR(lse_.Reserve(max_rows_ * sizeof(float)));
-    RETURN_IF_ERROR(results_.Reserve(max_rows_ * sizeof(cuda::SampleRowResult)));
+    RETURN_IF_ERROR(work_.Reserve(backend_, cells * sizeof(float)));
+    RETURN_IF_ERROR(sorted_.Reserve(backend_, cells * sizeof(float)));
+    RETURN_IF_ERROR(ids_.Reserve(backend_, cells * sizeof(int32_t)));
+    RETURN_IF_ERROR(sorted_ids_.Reserve(backend_, cells * sizeof(int32_t)));
+    RETURN_IF_ERROR(lse_.Reserve(backend_, max_rows_ * sizeof(float)));
+    RETURN_IF_ERROR(results_.Reserve(backend_, max_rows_ * sizeof(cuda::SampleRowResult)));
     RETURN_IF_ERROR(host_results_.Reserve(max_rows_ * sizeof(cuda::SampleRowResult)));
     // Sort scratch for the largest call; Sample grows it should a smaller one want more.
     size_t temp = 0;
@@ -81,7 +93,7 @@ class CudaSampler final : public DeviceSampler {
                                  static_cast<int64_t>(cells), max_rows_, nullptr, nullptr,
                                  stream_),
         "sampler sort (scratch size)"));
-    RETURN_IF_ERROR(sort_temp_.Reserve(temp));
+    RETURN_IF_ERROR(sort_temp_.Reserve(backend_, temp));
     sort_temp_bytes_ = temp;
     return absl::OkStatus();
   }
@@ -142,7 +154,7 @@ class CudaSampler final : public DeviceSampler {
     const size_t upload_bytes = aligned(params_bytes) + aligned(entries_bytes) + ints_bytes;
     // The previous call synchronised, so nothing still reads the staging buffers.
     RETURN_IF_ERROR(upload_host_.Reserve(upload_bytes));
-    RETURN_IF_ERROR(upload_.Reserve(upload_bytes));
+    RETURN_IF_ERROR(upload_.Reserve(backend_, upload_bytes));
     char* host = static_cast<char*>(upload_host_.data());
     std::memcpy(host, params_.data(), params_bytes);
     std::memcpy(host + aligned(params_bytes), entries_.data(), entries_bytes);
@@ -176,7 +188,7 @@ class CudaSampler final : public DeviceSampler {
           "sampler sort (scratch size)"));
       if (temp > sort_temp_bytes_) {
         RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "sampler sync"));
-        RETURN_IF_ERROR(sort_temp_.Reserve(temp));
+        RETURN_IF_ERROR(sort_temp_.Reserve(backend_, temp));
         sort_temp_bytes_ = temp;
       }
       RETURN_IF_ERROR(CudaStatus(
