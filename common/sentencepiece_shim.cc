@@ -1,5 +1,5 @@
 // A C interface to sentencepiece, built as its own shared library and loaded by
-// tokenizer.cc with RTLD_DEEPBIND.
+// sentencepiece_tokenizer.cc with RTLD_DEEPBIND.
 //
 // Why: Debian's libsentencepiece carries a private copy of protobuf-lite 3.14 and exports
 // its symbols, which collide with libprotobuf 3.21 that gRPC needs; a process linking
@@ -42,8 +42,7 @@ void conveyor_spm_free(void* handle) { delete static_cast<Processor*>(handle); }
 
 // Encodes text into ids; returns the number of ids (written only if <= capacity), or
 // -1 on failure.
-long conveyor_spm_encode(void* handle, const char* text, size_t length, int* ids,
-                         size_t capacity) {
+long conveyor_spm_encode(void* handle, const char* text, size_t length, int* ids, size_t capacity) {
   std::vector<int> out;
   if (!static_cast<Processor*>(handle)->Encode(std::string(text, length), &out).ok()) return -1;
   if (out.size() <= capacity) std::memcpy(ids, out.data(), out.size() * sizeof(int));
@@ -52,8 +51,7 @@ long conveyor_spm_encode(void* handle, const char* text, size_t length, int* ids
 
 // Decodes ids (all in range) into text; returns its size (written only if it fits), or
 // -1 on failure.
-long conveyor_spm_decode(void* handle, const int* ids, size_t count, char* text,
-                         size_t capacity) {
+long conveyor_spm_decode(void* handle, const int* ids, size_t count, char* text, size_t capacity) {
   std::string out;
   if (!static_cast<Processor*>(handle)->Decode(std::vector<int>(ids, ids + count), &out).ok()) {
     return -1;
@@ -64,8 +62,7 @@ long conveyor_spm_decode(void* handle, const int* ids, size_t count, char* text,
 // Writes the piece string of `id` (e.g. "▁world", "<0xE4>"); returns its size (written
 // only if it fits).
 long conveyor_spm_id_to_piece(void* handle, int id, char* text, size_t capacity) {
-  return static_cast<long>(CopyOut(static_cast<Processor*>(handle)->IdToPiece(id), text,
-                                   capacity));
+  return static_cast<long>(CopyOut(static_cast<Processor*>(handle)->IdToPiece(id), text, capacity));
 }
 
 int conveyor_spm_piece_size(void* handle) {
@@ -73,5 +70,12 @@ int conveyor_spm_piece_size(void* handle) {
 }
 int conveyor_spm_bos_id(void* handle) { return static_cast<Processor*>(handle)->bos_id(); }
 int conveyor_spm_eos_id(void* handle) { return static_cast<Processor*>(handle)->eos_id(); }
+int conveyor_spm_pad_id(void* handle) { return static_cast<Processor*>(handle)->pad_id(); }
+
+// Whether `id` (in range) is a control or the unknown piece: what callers treat as special.
+int conveyor_spm_is_special(void* handle, int id) {
+  const auto* sp = static_cast<Processor*>(handle);
+  return sp->IsControl(id) || sp->IsUnknown(id) ? 1 : 0;
+}
 
 }  // extern "C"

@@ -63,6 +63,23 @@ TEST_F(TokenizerTest, ReportsVocabularyAndSpecialIds) {
   EXPECT_EQ(tokenizer->eos_id(), 2);
 }
 
+TEST_F(TokenizerTest, SpecialTokensFrameTheSequence) {
+  auto tokenizer = LoadOrDie();
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(tokenizer->kind(), "sentencepiece");
+  auto ids = tokenizer->Encode("hello world");
+  auto framed = tokenizer->EncodeWithSpecialTokens("hello world");
+  ASSERT_TRUE(ids.ok() && framed.ok());
+  ids->insert(ids->begin(), tokenizer->bos_id());  // sentencepiece frames with BOS only.
+  EXPECT_EQ(*framed, *ids);
+  EXPECT_TRUE(tokenizer->IsSpecial(tokenizer->bos_id()));
+  EXPECT_TRUE(tokenizer->IsSpecial(tokenizer->eos_id()));
+  EXPECT_TRUE(tokenizer->IsSpecial(0));  // unk
+  EXPECT_FALSE(tokenizer->IsSpecial((*ids)[1]));
+  EXPECT_FALSE(tokenizer->IsSpecial(kVocabSize));
+  EXPECT_EQ(tokenizer->pad_id(), -1);
+}
+
 TEST_F(TokenizerTest, EncodeDecodeRoundTrips) {
   auto tokenizer = LoadOrDie();
   ASSERT_NE(tokenizer, nullptr);

@@ -36,9 +36,26 @@ IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer* tokenizer,
   // A prompt ending inside a character (possible with token-id prompts) would let the
   // output's bytes rewrite the context's text; keep only context that decodes whole.
   std::string text = DecodeWindow();
+  const std::vector<int> context = window_;
   while (text.ends_with(kReplacementChar)) {
     window_.pop_back();
     text = DecodeWindow();
+  }
+  if (window_.empty() && !context.empty()) {
+    // All of it decodes to U+FFFD: the context starts inside a character whose bytes
+    // continue to its end (HF's ByteFallback turns a whole run of bytes into U+FFFD
+    // when any is stray). Cut from the front instead, keeping the context's end, which
+    // decides how the first output token renders (e.g. its leading space).
+    window_ = context;
+    text = DecodeWindow();
+    while (!window_.empty() && text.starts_with(kReplacementChar)) {
+      window_.erase(window_.begin());
+      text = DecodeWindow();
+    }
+    while (text.ends_with(kReplacementChar)) {
+      window_.pop_back();
+      text = DecodeWindow();
+    }
   }
   prefix_tokens_ = window_.size();
   prefix_text_bytes_ = text.size();
@@ -122,10 +139,16 @@ bool IncrementalDetokenizer::FindAnchor(std::vector<int>::const_iterator candida
     // Decoded alone, an ordinary piece is its piece with "▁" as spaces, less the leading
     // one at the text's start. Byte-fallback, control and unknown tokens decode to other
     // text (or none); a token that decodes to nothing would not end the text's start.
+    if (text.empty() || text.find(kReplacementChar) != std::string::npos) continue;
     const std::string spaced = absl::StrReplaceAll(piece, {{kSpaceSymbol, " "}});
-    if (text.empty() || text.find(kReplacementChar) != std::string::npos ||
-        (spaced != text && spaced != absl::StrCat(" ", text))) {
-      continue;
+    if (spaced != text && spaced != absl::StrCat(" ", text)) {
+      // Not a sentencepiece-style piece. Byte-level BPE (GPT-2, Llama 3, Qwen2 pieces
+      // such as "Ġworld") decodes the same at the start as anywhere: a token that renders
+      // twice as its own text twice over is one, and tokens behind it render as mid-text.
+      if (anchor_probes_left_ == 0) break;
+      --anchor_probes_left_;
+      ++decode_calls_;
+      if (tokenizer_->Decode({id, id}) != absl::StrCat(text, text)) continue;
     }
     anchor_id_ = id;
     anchor_text_bytes_ = text.size();

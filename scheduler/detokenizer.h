@@ -16,6 +16,15 @@
 // step then decodes [anchor, new token]: one Decode call of two tokens. Until then (at
 // the text's start, or while no token qualifies) the prefix is the tokens just streamed,
 // as in vLLM, and their decoded size costs a second call per emission.
+//
+// The same holds for tokenizer.json tokenizers. Metaspace ones (Llama 2, Mistral) render
+// like sentencepiece. Byte-level BPE (GPT-2, Llama 3, Qwen2) decodes a token the same
+// anywhere, except that a character's bytes may span tokens (held back while the text
+// ends in U+FFFD); its anchor is a token that decodes, twice over, to its own text twice.
+// One case cannot stream exactly: HF's ByteFallback decoder renders a whole run of byte
+// tokens as U+FFFD once any byte in it is stray, so an ill-formed run (which no
+// tokenizer produces; a model may) turns text already streamed from that run into U+FFFD
+// in the full decode. The stream stays valid UTF-8; only such garbage differs.
 #pragma once
 
 #include <cstddef>
@@ -36,7 +45,9 @@ class IncrementalDetokenizer {
   // `tokenizer` must outlive this object. The last kContextTokens tokens of `prompt`
   // are context only, never emitted. Context that ends inside a character (a token-id
   // prompt can) is trimmed to its last whole character; the output's remaining bytes of
-  // that character then come out as U+FFFD.
+  // that character then come out as U+FFFD. Context that would be trimmed away entirely
+  // that way (it starts inside a character and is all bytes, as HF's ByteFallback renders
+  // such a run) is cut from the front instead.
   IncrementalDetokenizer(const Tokenizer* tokenizer, std::span<const int> prompt);
 
   // Adds one output token and returns the text it completes: empty while the newest
@@ -85,9 +96,10 @@ class IncrementalDetokenizer {
   // tokens after it then decode as they would anywhere after such text.
   bool prefix_text_complete_;
   // A token that decodes alone to `anchor_text_bytes_` (> 0) bytes of complete text and
-  // is an ordinary piece (no byte-fallback or control token), so it renders the same at
-  // the start of any window and the tokens behind it decode as mid-text; -1 while none
-  // is known.
+  // is an ordinary piece (no byte-fallback or control token; a sentencepiece-style piece,
+  // or one that decodes the same wherever it stands), so it renders the same at the
+  // start of any window and the tokens behind it decode as mid-text; -1 while none is
+  // known.
   int anchor_id_ = -1;
   size_t anchor_text_bytes_ = 0;
   int anchor_probes_left_ = kAnchorProbes;

@@ -1,10 +1,13 @@
 #include "scheduler/detokenizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -14,9 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/hf_tokenizer.h"
+#include "common/hf_tokenizer_test_util.h"
 #include "common/test_temp_dir.h"
 #include "common/tokenizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "scheduler/stop_matcher.h"
 
 namespace conveyor::scheduler {
@@ -556,6 +563,197 @@ TEST(DetokenizerWithoutExtraWhitespaceTest, StreamsAsDecodeDoes) {
       EXPECT_EQ(stream(context, output), in_context(context, output));
     }
     if (HasFailure()) break;
+  }
+}
+
+// --- tokenizer.json tokenizers ---------------------------------------------------------
+
+// Byte-level BPE (GPT-2, Llama 3, Qwen2) and Metaspace ones (Llama 2, Mistral), made by
+// HF's `tokenizers` (common/hf_tokenizer_test_util.h), with the reference's test strings
+// and random id sequences as outputs to stream.
+struct HfCase {
+  std::string name;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<std::string> texts;
+  std::vector<std::vector<int>> random_ids;
+};
+
+std::vector<HfCase> LoadHfCases(const TestTempDir& dir) {
+  std::vector<HfCase> cases;
+  if (!MakeTokenizerReference(dir,
+                              "--tokenizers gpt2,llama3,qwen2,llama2,mistral --strings 250 "
+                              "--decodes 250 --sweeps no")) {
+    return cases;
+  }
+  for (const char* name : {"gpt2", "llama3", "qwen2", "llama2", "mistral"}) {
+    HfCase c{name, nullptr, {}, {}};
+    auto tokenizer = Tokenizer::Load(absl::StrCat(dir.path(), "/", name));
+    if (!tokenizer.ok()) {
+      ADD_FAILURE() << tokenizer.status();
+      return {};
+    }
+    c.tokenizer = *std::move(tokenizer);
+    std::ifstream in(absl::StrCat(dir.path(), "/", name, "/cases.json"));
+    const nlohmann::json reference = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (reference.is_discarded()) {
+      ADD_FAILURE() << "cannot parse " << name << "/cases.json";
+      return {};
+    }
+    for (const auto& e : reference["encode"]) c.texts.push_back(e["text"].get<std::string>());
+    for (const auto& d : reference["decode"]) {
+      c.random_ids.push_back(d["ids"].get<std::vector<int>>());
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// What `output` adds to `prompt`'s text when decoded after it; nullopt where the output
+// changes the prompt's text instead (HF's ByteFallback renders a whole run of byte tokens
+// as U+FFFD once one byte in it is stray, the prompt's bytes included).
+std::optional<std::string> InContext(const Tokenizer& tokenizer, const std::vector<int>& prompt,
+                                     const std::vector<int>& output) {
+  std::vector<int> full = prompt;
+  full.insert(full.end(), output.begin(), output.end());
+  const std::string prompt_text = tokenizer.Decode(prompt);
+  const std::string full_text = tokenizer.Decode(full);
+  if (!full_text.starts_with(prompt_text)) return std::nullopt;
+  return full_text.substr(prompt_text.size());
+}
+
+// Streams `output` after `prompt`; checks each chunk is whole UTF-8 and returns them all.
+std::string StreamChecked(const Tokenizer& tokenizer, const std::vector<int>& prompt,
+                          const std::vector<int>& output, size_t* decode_calls = nullptr) {
+  IncrementalDetokenizer detokenizer(&tokenizer, prompt);
+  std::string streamed;
+  for (int id : output) {
+    const std::string chunk = detokenizer.Append(id);
+    EXPECT_TRUE(IsValidUtf8(chunk)) << chunk;
+    streamed += chunk;
+  }
+  const std::string tail = detokenizer.Flush();
+  EXPECT_TRUE(IsValidUtf8(tail)) << tail;
+  if (decode_calls != nullptr) *decode_calls = detokenizer.decode_calls();
+  return streamed + tail;
+}
+
+TEST(HfDetokenizerTest, StreamsEncodedTextAsDecodeDoes) {
+  TestTempDir dir;
+  const std::vector<HfCase> cases = LoadHfCases(dir);
+  ASSERT_EQ(cases.size(), 5u);
+  for (const HfCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tokenizer& tokenizer = *c.tokenizer;
+    const std::vector<std::vector<int>> prompts = {
+        {}, *tokenizer.EncodeWithSpecialTokens("Say hello"), *tokenizer.Encode("the café 你好 ")};
+    size_t tokens = 0, calls = 0;
+    for (const std::string& text : c.texts) {
+      const std::vector<int> output = *tokenizer.Encode(text);
+      for (const std::vector<int>& prompt : prompts) {
+        size_t decode_calls = 0;
+        ASSERT_EQ(StreamChecked(tokenizer, prompt, output, &decode_calls),
+                  InContext(tokenizer, prompt, output))
+            << "text: " << text << "\nids: " << absl::StrJoin(output, ",");
+        tokens += output.size();
+        calls += decode_calls;
+      }
+    }
+    std::cout << "[ detok    ] " << c.name << ": " << calls << " Decode calls for " << tokens
+              << " tokens streamed\n";
+    // Once an anchor is found, one Decode call per token: far below two per token.
+    EXPECT_LT(calls, tokens * 13 / 10) << calls << " Decode calls for " << tokens << " tokens";
+  }
+}
+
+TEST(HfDetokenizerTest, RandomIdsStreamAsDecodeDoes) {
+  TestTempDir dir;
+  const std::vector<HfCase> cases = LoadHfCases(dir);
+  ASSERT_EQ(cases.size(), 5u);
+  std::mt19937 rng(99);
+  for (const HfCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tokenizer& tokenizer = *c.tokenizer;
+    // Byte-fallback tokens ("<0xE4>"), by byte; none with byte-level BPE.
+    std::vector<int> byte_tokens(256, -1);
+    for (int id = 0; id < tokenizer.vocab_size(); ++id) {
+      const std::string piece = tokenizer.Piece(id);
+      if (piece.size() == 6 && piece.starts_with("<0x") && piece.ends_with(">")) {
+        byte_tokens[std::stoi(piece.substr(3, 2), nullptr, 16)] = id;
+      }
+    }
+    const bool byte_fallback = byte_tokens[0xE4] >= 0;
+    // Byte-level BPE: tokens of one byte that is not a character on its own, to put
+    // stray and incomplete UTF-8 among the random ids.
+    std::vector<int> partial_bytes;
+    for (int id = 0; id < tokenizer.vocab_size() && !byte_fallback; ++id) {
+      if (tokenizer.Decode({id}) == "\uFFFD" && !tokenizer.IsSpecial(id)) {
+        partial_bytes.push_back(id);
+      }
+    }
+    ASSERT_TRUE(byte_fallback || !partial_bytes.empty());
+    const std::vector<int> prompt = *tokenizer.Encode("the café serves 你好");
+    size_t compared = 0;
+    for (std::vector<int> output : c.random_ids) {
+      if (byte_fallback) {
+        // HF's ByteFallback renders a whole run of byte tokens as U+FFFD once any byte in
+        // it is stray, so ill-formed runs change text already streamed (see detokenizer.h):
+        // here only well-formed characters, as byte tokens, between the random pieces.
+        std::erase_if(output, [&](int id) {
+          return std::find(byte_tokens.begin(), byte_tokens.end(), id) != byte_tokens.end();
+        });
+        // Positions among the random pieces, last first, so no character lands inside
+        // another.
+        std::vector<size_t> at;
+        at.reserve(4);
+        for (int i = 0; i < 4; ++i) at.push_back(rng() % (output.size() + 1));
+        std::sort(at.rbegin(), at.rend());
+        for (int i = 0; i < 4; ++i) {
+          std::vector<int> bytes;
+          for (const char b : std::string_view(std::array{"🚀", "你", "é", "\u0800"}[i])) {
+            bytes.push_back(byte_tokens[static_cast<unsigned char>(b)]);
+          }
+          output.insert(output.begin() + static_cast<std::ptrdiff_t>(at[i]), bytes.begin(),
+                        bytes.end());
+        }
+      } else {
+        for (int i = 0; i < 4; ++i) {
+          output.insert(output.begin() + static_cast<std::ptrdiff_t>(rng() % (output.size() + 1)),
+                        partial_bytes[rng() % partial_bytes.size()]);
+        }
+      }
+      SCOPED_TRACE(absl::StrCat("output ids: ", absl::StrJoin(output, ",")));
+      EXPECT_EQ(StreamChecked(tokenizer, {}, output), InContext(tokenizer, {}, output));
+      const std::string streamed = StreamChecked(tokenizer, prompt, output);
+      if (const std::optional<std::string> expected = InContext(tokenizer, prompt, output)) {
+        EXPECT_EQ(streamed, *expected);
+        ++compared;
+      }
+      if (HasFailure()) return;
+    }
+    EXPECT_EQ(compared, c.random_ids.size());
+  }
+}
+
+TEST(HfDetokenizerTest, HoldsByteLevelPiecesOfACharacterBack) {
+  TestTempDir dir;
+  const std::vector<HfCase> cases = LoadHfCases(dir);
+  ASSERT_EQ(cases.size(), 5u);
+  for (const HfCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tokenizer& tokenizer = *c.tokenizer;
+    // Characters outside the training text: several tokens each.
+    const std::vector<int> output = *tokenizer.Encode(" go 🚀🤖 ok");
+    const std::vector<int> prompt = *tokenizer.Encode("rocket:");
+    IncrementalDetokenizer detokenizer(&tokenizer, prompt);
+    std::vector<std::string> chunks;
+    chunks.reserve(output.size() + 1);
+    for (int id : output) chunks.push_back(detokenizer.Append(id));
+    chunks.push_back(detokenizer.Flush());
+    EXPECT_GT(output.size(), 6u);
+    for (const std::string& chunk : chunks) EXPECT_TRUE(IsValidUtf8(chunk)) << chunk;
+    EXPECT_EQ(absl::StrJoin(chunks, ""), InContext(tokenizer, prompt, output));
+    EXPECT_THAT(absl::StrJoin(chunks, ""), ::testing::EndsWith("go 🚀🤖 ok"));
+    EXPECT_NE(std::find(chunks.begin(), chunks.end(), "🚀"), chunks.end());
   }
 }
 

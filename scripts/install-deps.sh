@@ -7,12 +7,17 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake ninja-build pkg-config git ca-certificates \
+  build-essential cmake ninja-build pkg-config git ca-certificates clang-format clang-tidy curl \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev \
   prometheus-cpp-dev libgloo-dev libopenblas-dev nlohmann-json3-dev \
-  libsentencepiece-dev sentencepiece libspdlog-dev libfmt-dev \
+  libsentencepiece-dev sentencepiece libspdlog-dev libfmt-dev libpcre2-dev libicu-dev libcpp-httplib-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
-  python3 python3-numpy python3-grpcio python3-matplotlib \
+  python3 python3-numpy python3-grpcio python3-matplotlib python3-jinja2 \
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev yamllint python3-yaml python3-venv \
   prometheus >/dev/null
+# Test references from PyPI (HF tokenizers, the openai client) in a venv that also sees
+# Debian's python3 packages (numpy, grpcio, jinja2). Tests find it at $CONVEYOR_TEST_VENV.
+venv="${CONVEYOR_TEST_VENV:-/opt/conveyor-test-venv}"
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/requirements.txt"
 echo "install-deps: done"
