@@ -1,0 +1,148 @@
+#include "common/jinja/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/jinja/ast.h"
+#include "common/jinja/parser.h"
+#include "common/jinja/renderer.h"
+#include "common/status_macros.h"
+
+namespace conveyor::jinja {
+namespace {
+
+// JSON nested deeper than this is refused rather than converted recursively.
+constexpr int kMaxContextDepth = 256;
+
+template <typename Json>
+absl::StatusOr<Value> FromJson(const Json& json, int depth) {
+  if (depth > kMaxContextDepth) {
+    return absl::InvalidArgumentError("chat template context is nested too deeply");
+  }
+  switch (json.type()) {
+    case nlohmann::json::value_t::null:
+      return Value::None();
+    case nlohmann::json::value_t::boolean:
+      return Value::Bool(json.template get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return Value::Int(json.template get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned: {
+      const uint64_t u = json.template get<uint64_t>();
+      // Beyond int64 the interpreter has no integer; a float is the closest value.
+      if (u > static_cast<uint64_t>(INT64_MAX)) return Value::Float(static_cast<double>(u));
+      return Value::Int(static_cast<int64_t>(u));
+    }
+    case nlohmann::json::value_t::number_float:
+      return Value::Float(json.template get<double>());
+    case nlohmann::json::value_t::string:
+      return Value::String(json.template get<std::string>());
+    case nlohmann::json::value_t::array: {
+      std::vector<Value> items;
+      items.reserve(json.size());
+      for (const auto& element : json) {
+        ASSIGN_OR_RETURN(Value item, FromJson(element, depth + 1));
+        items.push_back(std::move(item));
+      }
+      return Value::MakeList(std::move(items));
+    }
+    case nlohmann::json::value_t::object: {
+      Dict dict;
+      for (auto it = json.begin(); it != json.end(); ++it) {
+        ASSIGN_OR_RETURN(Value item, FromJson(it.value(), depth + 1));
+        dict.Set(Value::String(it.key()), std::move(item));
+      }
+      return Value::MakeDict(std::move(dict));
+    }
+    default:
+      return absl::InvalidArgumentError("chat template context holds binary data");
+  }
+}
+
+template <typename Json>
+absl::StatusOr<std::string> RenderJson(const Program& program, const Json& context) {
+  if (!context.is_object()) {
+    return absl::InvalidArgumentError("chat template context must be a JSON object");
+  }
+  ASSIGN_OR_RETURN(Value variables, FromJson(context, 0));
+  absl::StatusOr<std::string> out = Renderer::Render(program, variables);
+  if (!out.ok() && IsTemplateRaised(out.status())) {
+    return absl::InvalidArgumentError(out.status().message());
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (!in.good() && !in.eof())
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", path.string()));
+  return contents.str();
+}
+
+absl::StatusOr<std::unique_ptr<ChatTemplate>> ParseNamed(std::string_view source,
+                                                         const std::string& origin) {
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> parsed = ChatTemplate::Parse(source);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", parsed.status().message()));
+  }
+  return parsed;
+}
+
+}  // namespace
+
+ChatTemplate::ChatTemplate(std::unique_ptr<const Program> program) : program_(std::move(program)) {}
+
+ChatTemplate::~ChatTemplate() = default;
+
+absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(std::string_view source) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Program> program, ParseTemplate(source));
+  return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(program)));
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::json& context) const {
+  return RenderJson(*program_, context);
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& context) const {
+  return RenderJson(*program_, context);
+}
+
+absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& model_dir) {
+  const std::filesystem::path dir(model_dir);
+  std::error_code ec;
+  const std::filesystem::path jinja_file = dir / "chat_template.jinja";
+  if (std::filesystem::exists(jinja_file, ec)) {
+    ASSIGN_OR_RETURN(std::string source, ReadFile(jinja_file));
+    return ParseNamed(source, jinja_file.string());
+  }
+  const std::filesystem::path config_file = dir / "tokenizer_config.json";
+  if (!std::filesystem::exists(config_file, ec)) return nullptr;
+  ASSIGN_OR_RETURN(std::string text, ReadFile(config_file));
+  const nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(config_file.string(), " is not a JSON object"));
+  }
+  const auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return nullptr;
+  if (it->is_string()) return ParseNamed(it->get<std::string>(), config_file.string());
+  if (it->is_array()) {
+    // Several named templates: transformers uses "default" unless asked for another.
+    for (const auto& entry : *it) {
+      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
+          entry["template"].is_string()) {
+        return ParseNamed(entry["template"].get<std::string>(),
+                          absl::StrCat(config_file.string(), " (template \"default\")"));
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_file.string(), ": chat_template lists several templates and none is named default"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(config_file.string(), ": chat_template is neither a string nor a list"));
+}
+
+}  // namespace conveyor::jinja

@@ -1,0 +1,70 @@
+// A model's chat template: the Jinja program that turns an OpenAI-style message list into
+// the prompt text the model was trained on.
+//
+// Models ship the template in tokenizer_config.json ("chat_template") or in
+// chat_template.jinja, written for Python's jinja2 as Hugging Face transformers configures
+// it. This interpreter (the rest of common/jinja/) reproduces that environment byte for
+// byte on what chat templates use:
+//   - ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+//     extensions=[loopcontrols]): default (lenient) Undefined, no autoescaping, one
+//     trailing newline of the template dropped, lists and dicts cannot be mutated;
+//   - globals raise_exception(msg) (renders fail with exactly `msg`) and strftime_now(fmt)
+//     (local time, like datetime.now().strftime);
+//   - the `tojson` filter replaced by json.dumps(x, ensure_ascii=False, indent=indent,
+//     separators=separators, sort_keys=sort_keys): no HTML escaping, ", " and ": "
+//     separators unless told otherwise, non-ASCII characters written as they are;
+//   - `{% generation %}...{% endgeneration %}` (transformers' AssistantTracker) renders its
+//     body unchanged.
+// Values follow Python: str() of None/True/1.0/lists/dicts, 1 == 1.0 == True, floor
+// division and modulo, slicing over code points. common/jinja/README.md lists what is
+// supported and the known gaps.
+//
+// Everything a template could get wrong is found as early as possible: Parse rejects
+// unknown tags, filters and tests and unbalanced blocks, naming the line, so a model with
+// a template this interpreter cannot run fails when it is loaded, not on its first request.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace conveyor::jinja {
+
+struct Program;  // The parsed template (ast.h).
+
+class ChatTemplate {
+ public:
+  // Parses `source`; an unsupported or malformed construct is InvalidArgument
+  // "chat template line N: ...".
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> Parse(std::string_view source);
+  ~ChatTemplate();
+
+  ChatTemplate(const ChatTemplate&) = delete;
+  ChatTemplate& operator=(const ChatTemplate&) = delete;
+
+  // Renders with `context` (a JSON object: messages, add_generation_prompt, bos_token,
+  // eos_token, tools, and any other variables). A failed render is InvalidArgument: for
+  // raise_exception(msg) the message is exactly `msg`, otherwise
+  // "chat template line N: <what went wrong>". Safe to call from several threads at once.
+  absl::StatusOr<std::string> Render(const nlohmann::json& context) const;
+  // The same with the keys of every object in the order the client sent them, as Python
+  // sees them. Prefer this one: `tojson` and `.items()` iterate in that order, and
+  // nlohmann::json sorts keys.
+  absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context) const;
+
+ private:
+  explicit ChatTemplate(std::unique_ptr<const Program> program);
+
+  std::unique_ptr<const Program> program_;
+};
+
+// The model's chat template: <model_dir>/chat_template.jinja when present (transformers
+// prefers it), else tokenizer_config.json's "chat_template" (a string, or the "default"
+// entry of a list of {"name", "template"}). nullptr (OK) when the model has none; a parse
+// error, an unreadable file or a list without "default" is an error.
+absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& model_dir);
+
+}  // namespace conveyor::jinja
