@@ -44,11 +44,13 @@
 #include "common/model_config.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
+#include "model/cuda/cuda_device.h"
+#include "model/device_sampler.h"
+#include "model/direct_runner.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
 #include "nlohmann/json.hpp"
-#include "worker/device_sampler.h"
-#include "worker/direct_runner.h"
-#include "worker/kv_cache.h"
-#include "worker/model.h"
+#include "tests/support/random_weights.h"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -102,14 +104,6 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const std::string&
   return absl::InvalidArgumentError(absl::StrCat("--backend=", name, " is not cpu or cuda"));
 }
 
-// Checks the backend's sticky error (CUDA) after a synchronising call.
-absl::Status BackendError(kernels::Backend* backend) {
-#ifdef CONVEYOR_HAVE_CUDA
-  if (auto* cuda = dynamic_cast<kernels::CudaBackend*>(backend)) return cuda->last_error();
-#endif
-  return absl::OkStatus();
-}
-
 struct Ceilings {
   double bandwidth = 0;  // Bytes per second (read + written).
   double matrix = 0;     // FLOP per second.
@@ -132,10 +126,10 @@ absl::StatusOr<double> MeasureMatrixRate(kernels::Backend* backend) {
   for (int rep = 0; rep < 6; ++rep) {
     const Clock::time_point start = Clock::now();
     backend->Linear(x, kDim, *w, out.get());
-    backend->Synchronize();
+    RETURN_IF_ERROR(backend->Synchronize());
     if (rep > 0) seconds.push_back(SecondsSince(start));
   }
-  RETURN_IF_ERROR(BackendError(backend));
+  RETURN_IF_ERROR(backend->last_error());
   return 2.0 * kDim * kDim * static_cast<double>(kDim) / Median(seconds);
 }
 
@@ -166,16 +160,16 @@ StepCost Cost(const ModelConfig& c, size_t element_bytes, int64_t tokens, double
 struct Row {
   std::string phase;
   int batch = 0;
-  int64_t tokens = 0;     // Per step (decode) or in all (prefill).
-  double seconds = 0;     // Per step (decode) or in all (prefill).
+  int64_t tokens = 0;  // Per step (decode) or in all (prefill).
+  double seconds = 0;  // Per step (decode) or in all (prefill).
   double floor_seconds = 0;
-  std::string bound;      // "memory" or "compute".
+  std::string bound;  // "memory" or "compute".
 };
 
 std::string FormatRow(const Row& r) {
   const double tok_s = r.tokens / r.seconds;
-  std::string ratio = r.floor_seconds > 0 ? absl::StrFormat("%.2f", r.seconds / r.floor_seconds)
-                                          : std::string("-");
+  std::string ratio =
+      r.floor_seconds > 0 ? absl::StrFormat("%.2f", r.seconds / r.floor_seconds) : std::string("-");
   std::string floor_ms =
       r.floor_seconds > 0 ? absl::StrFormat("%.3f", r.floor_seconds * 1e3) : std::string("-");
   return absl::StrFormat("%-8s %6d %8d %11.3f %12.0f %10s %8s  %s", r.phase, r.batch, r.tokens,
@@ -215,9 +209,8 @@ absl::Status Run() {
   Ceilings ceilings;
   if (backend_name == "cuda" && absl::GetFlag(FLAGS_ceilings)) {
 #ifdef CONVEYOR_HAVE_CUDA
-    ASSIGN_OR_RETURN(ceilings.bandwidth,
-                     kernels::MeasureCopyBandwidth(absl::GetFlag(FLAGS_device),
-                                                   size_t{2} << 30, 10));
+    ASSIGN_OR_RETURN(ceilings.bandwidth, kernels::MeasureCopyBandwidth(absl::GetFlag(FLAGS_device),
+                                                                       size_t{2} << 30, 10));
 #endif
     ASSIGN_OR_RETURN(ceilings.matrix, MeasureMatrixRate(backend.get()));
   }
@@ -231,37 +224,36 @@ absl::Status Run() {
   }
 
   Clock::time_point load_start = Clock::now();
-  const std::unique_ptr<worker::WeightSource> weights = worker::MakeRandomWeightSource(2026);
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::LlamaModel> model,
-                   worker::LlamaModel::Create(config, *weights, backend.get()));
-  std::printf("model: %d layers, hidden %d, vocab %d, %.2f G parameters, %.2f GiB on the "
-              "backend, built in %.1f s\n",
-              config.num_layers, config.hidden_size, config.vocab_size,
-              config.NumParameters() / 1e9, model->weight_bytes() / double(1 << 30),
-              SecondsSince(load_start));
+  const std::unique_ptr<model::WeightSource> weights = testing::MakeRandomWeightSource(2026);
+  ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> model,
+                   model::LlamaModel::Create(config, *weights, backend.get()));
+  std::printf(
+      "model: %d layers, hidden %d, vocab %d, %.2f G parameters, %.2f GiB on the "
+      "backend, built in %.1f s\n",
+      config.num_layers, config.hidden_size, config.vocab_size, config.NumParameters() / 1e9,
+      model->weight_bytes() / double(1 << 30), SecondsSince(load_start));
 
   const int max_batch = *std::max_element(batches.begin(), batches.end());
-  std::unique_ptr<worker::DeviceSampler> sampler;  // Before the cache: it takes memory.
+  std::unique_ptr<model::DeviceSampler> sampler;  // Before the cache: it takes memory.
   if (backend_name == "cuda" && absl::GetFlag(FLAGS_device_sampling)) {
-    ASSIGN_OR_RETURN(sampler, worker::MakeCudaSampler(backend.get(), config.vocab_size,
-                                                      max_batch));
+    ASSIGN_OR_RETURN(sampler, model::MakeCudaSampler(backend.get(), config.vocab_size, max_batch));
   }
   std::printf("decode sampling: %s\n", sampler ? "on the device" : "logits to the host");
   const int blocks_per_seq = (context_limit + block_size - 1) / block_size;
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::KvCache> cache,
-                   worker::KvCache::Create(backend.get(), config.num_layers,
-                                           model->local_num_kv_heads(), config.head_dim,
-                                           block_size, max_batch * blocks_per_seq));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<model::KvCache> cache,
+      model::KvCache::Create(backend.get(), config.num_layers, model->local_num_kv_heads(),
+                             config.head_dim, block_size, max_batch * blocks_per_seq));
   std::printf("KV cache: %d blocks of %d tokens, %.2f GiB\n", cache->num_blocks(), block_size,
               cache->size_bytes() / double(1 << 30));
-  worker::DirectRunner runner(model.get(), cache.get());
+  model::DirectRunner runner(model.get(), cache.get());
   const size_t element_bytes = backend->activation_bytes();
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(3, config.vocab_size - 1);
 
   std::vector<Row> rows;
-  std::printf("\n%-8s %6s %8s %11s %12s %10s %8s  %s\n", "phase", "batch", "tokens",
-              "ms", "tok/s", "floor_ms", "/floor", "bound");
+  std::printf("\n%-8s %6s %8s %11s %12s %10s %8s  %s\n", "phase", "batch", "tokens", "ms", "tok/s",
+              "floor_ms", "/floor", "bound");
   for (int batch : batches) {
     const double limit = absl::GetFlag(FLAGS_time_limit_s);
     if (limit > 0 && SecondsSince(run_start) > limit) {
@@ -278,18 +270,17 @@ absl::Status Run() {
     // Prefill: every prompt, in steps of at most max_step_tokens tokens.
     Clock::time_point start = Clock::now();
     RETURN_IF_ERROR(runner.ComputeAll(seqs, max_step_tokens));
-    RETURN_IF_ERROR(BackendError(backend.get()));
+    RETURN_IF_ERROR(backend->last_error());
     Row prefill{"prefill", batch, static_cast<int64_t>(batch) * prompt, SecondsSince(start), 0, ""};
     {
       // Causal attention: a prompt's tokens see 1..prompt positions.
       const double attended = batch * (prompt * (prompt + 1.0) / 2.0);
       const StepCost cost = Cost(config, element_bytes, prefill.tokens, attended, 0, batch);
       if (ceilings.matrix > 0) {
-        prefill.floor_seconds = std::max(cost.flops / ceilings.matrix,
-                                         cost.bytes / std::max(ceilings.bandwidth, 1.0));
-        prefill.bound = cost.flops / ceilings.matrix >= cost.bytes / ceilings.bandwidth
-                            ? "compute"
-                            : "memory";
+        prefill.floor_seconds =
+            std::max(cost.flops / ceilings.matrix, cost.bytes / std::max(ceilings.bandwidth, 1.0));
+        prefill.bound =
+            cost.flops / ceilings.matrix >= cost.bytes / ceilings.bandwidth ? "compute" : "memory";
       }
     }
     rows.push_back(prefill);
@@ -299,12 +290,12 @@ absl::Status Run() {
     std::vector<int32_t> next(batch);
     for (int32_t& t : next) t = token(rng);
     std::vector<float> logits;
-    worker::SamplingParams greedy;
+    model::SamplingParams greedy;
     greedy.temperature = 0.0f;
-    worker::RowToSample greedy_row;
+    model::RowToSample greedy_row;
     greedy_row.params = &greedy;
-    const std::vector<worker::RowToSample> to_sample(batch, greedy_row);
-    std::vector<worker::SampleResult> sampled;
+    const std::vector<model::RowToSample> to_sample(batch, greedy_row);
+    std::vector<model::SampleResult> sampled;
     auto measure_decode = [&](const char* phase) -> absl::Status {
       std::vector<double> seconds;
       double context_sum = 0;
@@ -313,20 +304,21 @@ absl::Status Run() {
         start = Clock::now();
         int logit_rows = 0;
         if (sampler != nullptr) {
-          ASSIGN_OR_RETURN(const worker::DeviceLogits device, runner.StepOnDevice(seqs, 0, false));
+          ASSIGN_OR_RETURN(const model::DeviceLogits device, runner.StepOnDevice(seqs, 0, false));
           logit_rows = device.rows;
           if (logit_rows == batch) RETURN_IF_ERROR(sampler->Sample(device, to_sample, &sampled));
         } else {
           ASSIGN_OR_RETURN(logit_rows, runner.Step(seqs, 0, false, &logits));
         }
         const double t = SecondsSince(start);
-        RETURN_IF_ERROR(BackendError(backend.get()));
+        RETURN_IF_ERROR(backend->last_error());
         if (logit_rows != batch) return absl::InternalError("decode step lost a sequence's row");
         for (int row = 0; row < batch; ++row) {
-          next[row] = sampler != nullptr ? sampled[row].token_id
-                                         : worker::Argmax(std::span<const float>(
-                                               logits.data() + size_t(row) * config.vocab_size,
-                                               config.vocab_size));
+          next[row] =
+              sampler != nullptr
+                  ? sampled[row].token_id
+                  : model::Argmax(std::span<const float>(
+                        logits.data() + size_t(row) * config.vocab_size, config.vocab_size));
         }
         if (step >= 3) {
           seconds.push_back(t);
@@ -358,18 +350,19 @@ absl::Status Run() {
       RETURN_IF_ERROR(graphed);
     }
   }
-  std::printf("\n(prefill: all B prompts, ms in all; decode: one step of B tokens, median of "
-              "%d; floor = max(bytes / bandwidth, FLOPs / matrix rate); run %.0f s)\n",
-              decode_steps, SecondsSince(run_start));
+  std::printf(
+      "\n(prefill: all B prompts, ms in all; decode: one step of B tokens, median of "
+      "%d; floor = max(bytes / bandwidth, FLOPs / matrix rate); run %.0f s)\n",
+      decode_steps, SecondsSince(run_start));
 
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     nlohmann::json report = {{"backend", backend->name()},
-                              {"shape", absl::GetFlag(FLAGS_shape)},
-                              {"layers", config.num_layers},
-                              {"prompt_tokens", prompt},
-                              {"bandwidth_bytes_per_s", ceilings.bandwidth},
-                              {"matrix_flops_per_s", ceilings.matrix},
-                              {"rows", nlohmann::json::array()}};
+                             {"shape", absl::GetFlag(FLAGS_shape)},
+                             {"layers", config.num_layers},
+                             {"prompt_tokens", prompt},
+                             {"bandwidth_bytes_per_s", ceilings.bandwidth},
+                             {"matrix_flops_per_s", ceilings.matrix},
+                             {"rows", nlohmann::json::array()}};
     for (const Row& r : rows) {
       report["rows"].push_back({{"phase", r.phase},
                                 {"batch", r.batch},

@@ -31,10 +31,10 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
 #include "worker.pb.h"
 #include "worker/engine.h"
-#include "worker/kv_cache.h"
-#include "worker/model.h"
 
 namespace conveyor::bench {
 namespace {
@@ -105,9 +105,7 @@ void CheckOk(const absl::Status& status, const char* what) {
   }
 }
 
-void Progress(const char* what) {
-  std::fprintf(stderr, "[worker_bench] %s\n", what);
-}
+void Progress(const char* what) { std::fprintf(stderr, "[worker_bench] %s\n", what); }
 
 // 64-byte aligned floats (GemmPacked loads packed panels with aligned loads).
 struct FreeDeleter {
@@ -198,8 +196,8 @@ double MeasureDispatchMicros(kernels::ThreadPool* pool) {
 }
 
 struct Gemm {
-  int n = 0;  // Output features.
-  int k = 0;  // Input features.
+  int n = 0;                // Output features.
+  int k = 0;                // Input features.
   AlignedFloats row_major;  // [n, k], for OpenBLAS.
   AlignedFloats packed;     // PackGemmWeight layout, for GemmPacked.
 };
@@ -266,8 +264,7 @@ class ForwardGemms {
   }
 
   void Ours(const Gemm& g, int m, kernels::ThreadPool* pool) {
-    kernels::GemmPacked(x_.get(), g.k, m, g.packed.get(), g.n, g.k, nullptr, y_.get(), g.n,
-                        pool);
+    kernels::GemmPacked(x_.get(), g.k, m, g.packed.get(), g.n, g.k, nullptr, y_.get(), g.n, pool);
   }
 
   std::vector<Gemm> layers_;
@@ -308,8 +305,7 @@ struct SquareGemm {
 
 // FLOPs (2 × multiply-adds) of a forward over `tokens` tokens whose contexts (positions
 // attended, causal) sum to `context_sum`, with `logit_rows` rows through the LM head.
-double ForwardFlops(const ModelConfig& c, int64_t tokens, int64_t context_sum,
-                    int logit_rows) {
+double ForwardFlops(const ModelConfig& c, int64_t tokens, int64_t context_sum, int logit_rows) {
   const double q_dim = static_cast<double>(c.num_attention_heads) * c.head_dim;
   const double kv_dim = static_cast<double>(c.num_kv_heads) * c.head_dim;
   const double layer_macs = c.hidden_size * (q_dim + 2 * kv_dim) + q_dim * c.hidden_size +
@@ -335,11 +331,11 @@ class Worker {
   Worker(const std::string& model_dir, int threads, int num_blocks)
       : backend_(kernels::MakeCpuBackend(threads)) {
     const auto start = Clock::now();
-    model_ = OrDie(worker::LlamaModel::Load(model_dir, backend_.get()), "loading the model");
+    model_ = OrDie(model::LlamaModel::Load(model_dir, backend_.get()), "loading the model");
     load_seconds_ = SecondsSince(start);
     const ModelConfig& c = model_->config();
-    cache_ = OrDie(worker::KvCache::Create(backend_.get(), c.num_layers, c.num_kv_heads,
-                                           c.head_dim, kBlockSize, num_blocks),
+    cache_ = OrDie(model::KvCache::Create(backend_.get(), c.num_layers, c.num_kv_heads, c.head_dim,
+                                          kBlockSize, num_blocks),
                    "allocating the KV cache");
     for (int b = num_blocks - 1; b >= 0; --b) free_blocks_.push_back(b);
     worker::StepEngine::Options options;
@@ -348,7 +344,7 @@ class Worker {
   }
 
   const ModelConfig& config() const { return model_->config(); }
-  const worker::LlamaModel& model() const { return *model_; }
+  const model::LlamaModel& model() const { return *model_; }
   const kernels::Backend& backend() const { return *backend_; }
   double load_seconds() const { return load_seconds_; }
   const std::vector<Sequence>& sequences() const { return sequences_; }
@@ -364,8 +360,8 @@ class Worker {
       n->set_seq_id(seq.id);
       for (int t = 0; t < prompt_tokens; ++t) {
         // Arbitrary in-vocabulary ids; greedy sampling (the default) reads no randomness.
-        n->add_token_ids(static_cast<int32_t>((seq.id * 7919 + t * 104729) %
-                                              (config().vocab_size - 3) + 3));
+        n->add_token_ids(
+            static_cast<int32_t>((seq.id * 7919 + t * 104729) % (config().vocab_size - 3) + 3));
       }
       n->set_num_tokens(prompt_tokens);
       for (int b = 0; b < blocks; ++b) {
@@ -461,7 +457,7 @@ class Worker {
         backend_->PagedAttention(q_buf.get(), qkv_width, batch, shape, cache_->layer(l),
                                  out_buf.get());
       }
-      backend_->Synchronize();
+      backend_->Synchronize().IgnoreError();  // The CPU backend cannot fail here.
     });
   }
 
@@ -476,8 +472,8 @@ class Worker {
   }
 
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<worker::LlamaModel> model_;
-  std::unique_ptr<worker::KvCache> cache_;
+  std::unique_ptr<model::LlamaModel> model_;
+  std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<worker::StepEngine> engine_;
   double load_seconds_ = 0;
   std::vector<int32_t> free_blocks_;
@@ -498,8 +494,8 @@ struct PhaseResult {
   double forward_s = 0, sample_s = 0, gemm_s = 0, attention_s = 0;
 };
 
-PhaseResult MeasurePrefill(Worker* w, ForwardGemms* gemms, kernels::ThreadPool* pool,
-                           int seqs, const Effort& e) {
+PhaseResult MeasurePrefill(Worker* w, ForwardGemms* gemms, kernels::ThreadPool* pool, int seqs,
+                           const Effort& e) {
   PhaseResult r;
   r.name = "prefill " + std::to_string(seqs) + "x" + std::to_string(kPrefillTokens);
   r.tokens_per_step = seqs * kPrefillTokens;
@@ -533,8 +529,8 @@ int DecodeCapacity(const Effort& e) {
 
 // Decodes at each of kDecodeBatches in turn, starting from kDecodeBatches[0] fresh
 // sequences.
-std::vector<PhaseResult> MeasureDecode(Worker* w, ForwardGemms* gemms,
-                                       kernels::ThreadPool* pool, const Effort& e) {
+std::vector<PhaseResult> MeasureDecode(Worker* w, ForwardGemms* gemms, kernels::ThreadPool* pool,
+                                       const Effort& e) {
   double unused;
   w->Prefill(kDecodeBatches[0], kDecodePromptTokens, DecodeCapacity(e), &unused);
   std::vector<PhaseResult> results;
@@ -573,11 +569,12 @@ double DecodeWeightBytes(const ModelConfig& c) {
   const int q_dim = c.num_attention_heads * c.head_dim;
   const int kv_dim = c.num_kv_heads * c.head_dim;
   double bytes = static_cast<double>(kernels::PackedGemmWeightBytes(c.vocab_size, c.hidden_size));
-  bytes += c.num_layers * static_cast<double>(
-      kernels::PackedGemmWeightBytes(q_dim + 2 * kv_dim, c.hidden_size) +
-      kernels::PackedGemmWeightBytes(c.hidden_size, q_dim) +
-      kernels::PackedGemmWeightBytes(2 * c.intermediate_size, c.hidden_size) +
-      kernels::PackedGemmWeightBytes(c.hidden_size, c.intermediate_size));
+  bytes +=
+      c.num_layers *
+      static_cast<double>(kernels::PackedGemmWeightBytes(q_dim + 2 * kv_dim, c.hidden_size) +
+                          kernels::PackedGemmWeightBytes(c.hidden_size, q_dim) +
+                          kernels::PackedGemmWeightBytes(2 * c.intermediate_size, c.hidden_size) +
+                          kernels::PackedGemmWeightBytes(c.hidden_size, c.intermediate_size));
   bytes += (2.0 * c.num_layers + 1) * c.hidden_size * sizeof(float);
   return bytes;
 }
@@ -634,8 +631,7 @@ int Main(int argc, char** argv) {
   const double load_before = LoadAverage();
   const auto run_start = Clock::now();
   Progress("loading the model");
-  const int decode_blocks =
-      kDecodeBatches[0] * ((DecodeCapacity(e) + kBlockSize - 1) / kBlockSize);
+  const int decode_blocks = kDecodeBatches[0] * ((DecodeCapacity(e) + kBlockSize - 1) / kBlockSize);
   Worker w(opt.model_dir, opt.threads, std::max(decode_blocks, 4 * kPrefillTokens / kBlockSize));
   const ModelConfig& c = w.config();
   kernels::ThreadPool pool(opt.threads);
@@ -674,19 +670,20 @@ int Main(int argc, char** argv) {
   const double run_seconds = SecondsSince(run_start);
   const double load_after = LoadAverage();
   const double params = static_cast<double>(c.NumParameters());
-  std::printf("\nConveyor worker benchmark%s: %s, %d layers, hidden %d, ffn %d, vocab %d, "
-              "%.1fM params\n",
-              opt.quick ? " (--quick)" : "", opt.model_dir.c_str(), c.num_layers,
-              c.hidden_size, c.intermediate_size, c.vocab_size, params / 1e6);
+  std::printf(
+      "\nConveyor worker benchmark%s: %s, %d layers, hidden %d, ffn %d, vocab %d, "
+      "%.1fM params\n",
+      opt.quick ? " (--quick)" : "", opt.model_dir.c_str(), c.num_layers, c.hidden_size,
+      c.intermediate_size, c.vocab_size, params / 1e6);
   std::printf("backend %s; model loaded in %.1f s; weight_bytes() %.1f MB\n",
               w.backend().name().c_str(), w.load_seconds(), w.model().weight_bytes() / 1e6);
   std::printf("%s, kernel %s (OPENBLAS_CORETYPE=%s, OPENBLAS_L2_SIZE=%s), %d threads\n",
-              openblas_get_config(), openblas_get_corename(),
-              EnvOr("OPENBLAS_CORETYPE", "<unset>"), EnvOr("OPENBLAS_L2_SIZE", "<unset>"),
-              openblas_get_num_threads());
-  std::printf("ran %.0f s; load average %.2f before, %.2f after, on %u cores (a load above "
-              "the thread count means other work skewed the numbers)\n",
-              run_seconds, load_before, load_after, std::thread::hardware_concurrency());
+              openblas_get_config(), openblas_get_corename(), EnvOr("OPENBLAS_CORETYPE", "<unset>"),
+              EnvOr("OPENBLAS_L2_SIZE", "<unset>"), openblas_get_num_threads());
+  std::printf(
+      "ran %.0f s; load average %.2f before, %.2f after, on %u cores (a load above "
+      "the thread count means other work skewed the numbers)\n",
+      run_seconds, load_before, load_after, std::thread::hardware_concurrency());
 
   std::printf("\nCeilings (best of %d; %d threads)\n", e.gemm_reps, opt.threads);
   std::printf("  memory read bandwidth, %zu MiB sum       %8.1f GB/s (best of %d passes)\n",
@@ -695,8 +692,8 @@ int Main(int argc, char** argv) {
   std::printf("  %-40s %10s %12s\n", "sgemm GFLOP/s", "OpenBLAS", "GemmPacked");
   std::printf("  %-40s %10.1f %12.1f\n", "1024^3", blas_square, ours_square);
   for (int m : ceiling_rows) {
-    const std::string label = std::to_string(4 * c.num_layers) +
-                              " layer GEMMs (a forward), M=" + std::to_string(m);
+    const std::string label =
+        std::to_string(4 * c.num_layers) + " layer GEMMs (a forward), M=" + std::to_string(m);
     std::printf("  %-40s %10.1f %12.1f\n", label.c_str(), blas_gflops[m], ours_gflops[m]);
   }
   const double weight_bytes = DecodeWeightBytes(c);
@@ -713,57 +710,64 @@ int Main(int argc, char** argv) {
                 r.flops / r.step_s / 1e9);
   }
 
-  std::printf("\nAgainst the ceilings (peak = 1024^3 sgemm: primary OpenBLAS %.1f GFLOP/s, "
-              "kernel %s, under this process's environment; GemmPacked %.1f in brackets)\n",
-              blas_square, openblas_get_corename(), ours_square);
+  std::printf(
+      "\nAgainst the ceilings (peak = 1024^3 sgemm: primary OpenBLAS %.1f GFLOP/s, "
+      "kernel %s, under this process's environment; GemmPacked %.1f in brackets)\n",
+      blas_square, openblas_get_corename(), ours_square);
   if (blas_square < ours_square) {
-    std::printf("  NOTE: OpenBLAS is slower than GemmPacked here, so the bracketed ratios are "
-                "the stricter ones.\n");
+    std::printf(
+        "  NOTE: OpenBLAS is slower than GemmPacked here, so the bracketed ratios are "
+        "the stricter ones.\n");
     const std::string core = openblas_get_corename();
     if (std::string(kernels::GemmKernelName()) == "avx512" && core != "SkylakeX" &&
         core != "Cooperlake" && core != "SapphireRapids") {
-      std::printf("  NOTE: OpenBLAS's %s kernel leaves AVX-512 unused; for this CPU's sgemm "
-                  "peak run with OPENBLAS_CORETYPE=SkylakeX\n  (run_worker_bench.sh "
-                  "--openblas-coretype SkylakeX).\n",
-                  core.c_str());
+      std::printf(
+          "  NOTE: OpenBLAS's %s kernel leaves AVX-512 unused; for this CPU's sgemm "
+          "peak run with OPENBLAS_CORETYPE=SkylakeX\n  (run_worker_bench.sh "
+          "--openblas-coretype SkylakeX).\n",
+          core.c_str());
     }
   }
   for (const PhaseResult& r : phases) {
     if (r.name == "decode b=1") {
       const double bytes = weight_bytes + KvBytes(c, r.mean_context);
       const double floor_s = bytes / (bandwidth_gbs * 1e9);
-      std::printf("  %-14s reads %.1f MB/token (weights %.1f + KV %.1f) / %.1f GB/s = floor "
-                  "%.2f ms/token\n",
-                  r.name.c_str(), bytes / 1e6, weight_bytes / 1e6,
-                  KvBytes(c, r.mean_context) / 1e6, bandwidth_gbs, floor_s * 1e3);
-      std::printf("  %-14s achieved %.2f ms/token (%.1f GB/s) = %.2f of floor speed "
-                  "(target >= 0.8)\n",
-                  "", r.step_s * 1e3, bytes / r.step_s / 1e9, floor_s / r.step_s);
+      std::printf(
+          "  %-14s reads %.1f MB/token (weights %.1f + KV %.1f) / %.1f GB/s = floor "
+          "%.2f ms/token\n",
+          r.name.c_str(), bytes / 1e6, weight_bytes / 1e6, KvBytes(c, r.mean_context) / 1e6,
+          bandwidth_gbs, floor_s * 1e3);
+      std::printf(
+          "  %-14s achieved %.2f ms/token (%.1f GB/s) = %.2f of floor speed "
+          "(target >= 0.8)\n",
+          "", r.step_s * 1e3, bytes / r.step_s / 1e9, floor_s / r.step_s);
     } else if (r.name.starts_with("prefill") || r.name == "decode b=64") {
       const double gflops = r.flops / r.step_s / 1e9;
-      std::printf("  %-14s %.1f GFLOP/s = %.2f of OpenBLAS peak [%.2f of GemmPacked's] "
-                  "(target >= 0.7)\n",
-                  r.name.c_str(), gflops, gflops / blas_square, gflops / ours_square);
+      std::printf(
+          "  %-14s %.1f GFLOP/s = %.2f of OpenBLAS peak [%.2f of GemmPacked's] "
+          "(target >= 0.7)\n",
+          r.name.c_str(), gflops, gflops / blas_square, gflops / ours_square);
     }
   }
 
-  std::printf("\nWhere a step's time goes (ms/step; GEMMs = GemmPacked alone on the model's "
-              "shapes, attention = PagedAttention alone on the step's K/V)\n");
+  std::printf(
+      "\nWhere a step's time goes (ms/step; GEMMs = GemmPacked alone on the model's "
+      "shapes, attention = PagedAttention alone on the step's K/V)\n");
   std::printf("  %-14s %8s %8s %10s %10s %9s %8s\n", "phase", "step", "GEMMs", "attention",
               "other fwd", "sampling", "engine");
   for (const PhaseResult& r : phases) {
-    std::printf("  %-14s %8.2f %8.2f %10.2f %10.2f %9.2f %8.2f\n", r.name.c_str(),
-                r.step_s * 1e3, r.gemm_s * 1e3, r.attention_s * 1e3,
-                (r.forward_s - r.gemm_s - r.attention_s) * 1e3, r.sample_s * 1e3,
-                (r.step_s - r.forward_s - r.sample_s) * 1e3);
+    std::printf("  %-14s %8.2f %8.2f %10.2f %10.2f %9.2f %8.2f\n", r.name.c_str(), r.step_s * 1e3,
+                r.gemm_s * 1e3, r.attention_s * 1e3, (r.forward_s - r.gemm_s - r.attention_s) * 1e3,
+                r.sample_s * 1e3, (r.step_s - r.forward_s - r.sample_s) * 1e3);
   }
   // Per layer: 4 GEMMs, attention, 2 norms, RoPE, SiLU; then the final norm and LM head.
   // Small batches run the row-wise ops inline, so this is an upper bound.
   const int parallel_ops = 9 * c.num_layers + 2;
-  std::printf("  (other fwd = forward - GEMMs - attention: norms, RoPE, SiLU, KV writes, and "
-              "the step's <= %d ParallelFor\n   wake-ups x %.1f us = %.2f ms; below 0 "
-              "means noise, as the replays are best-of)\n",
-              parallel_ops, dispatch_us, parallel_ops * dispatch_us / 1e3);
+  std::printf(
+      "  (other fwd = forward - GEMMs - attention: norms, RoPE, SiLU, KV writes, and "
+      "the step's <= %d ParallelFor\n   wake-ups x %.1f us = %.2f ms; below 0 "
+      "means noise, as the replays are best-of)\n",
+      parallel_ops, dispatch_us, parallel_ops * dispatch_us / 1e3);
   return 0;
 }
 

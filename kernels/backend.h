@@ -1,5 +1,13 @@
 // The math a worker needs for one forward pass, behind one interface with a CPU and a
-// CUDA implementation. The model (worker/model.h) is written once against it.
+// CUDA implementation. The model (model/model.h) is written once against it.
+//
+// Errors. The operations return nothing, because on a GPU they only queue work whose
+// failure shows later. Instead a backend records the first failure of any call (a bad
+// launch, an unsupported shape, a library error, a fault seen when waiting) and keeps
+// it: Synchronize() and last_error() return it, and the operation's name is in its
+// message. The error is sticky (a device fault leaves a CUDA context unusable): the
+// backend must be rebuilt. Allocate, PackLinear and the uploads return their errors
+// directly.
 //
 // Buffers live in the backend's memory (host memory for `cpu`, device memory for `cuda`)
 // and hold activations in the backend's compute dtype. Every operation works on a flat
@@ -40,8 +48,8 @@ struct KvLayer {
 // Per-step attention metadata for the flat batch (all pointers in backend memory).
 struct AttentionBatch {
   int num_tokens = 0;
-  const int32_t* token_seq = nullptr;  // [num_tokens]: index of the token's sequence.
-  const int32_t* token_pos = nullptr;  // [num_tokens]: the token's position in it.
+  const int32_t* token_seq = nullptr;     // [num_tokens]: index of the token's sequence.
+  const int32_t* token_pos = nullptr;     // [num_tokens]: the token's position in it.
   const int32_t* slot_mapping = nullptr;  // [num_tokens]: KV slot the token writes.
   int num_seqs = 0;
   // [num_seqs, max_blocks_per_seq]: each sequence's block table, padded.
@@ -54,7 +62,7 @@ struct AttentionShape {
   int num_heads = 0;     // Query heads on this rank.
   int num_kv_heads = 0;  // KV heads on this rank.
   int head_dim = 0;
-  float scale = 1.0f;    // Usually 1/sqrt(head_dim).
+  float scale = 1.0f;  // Usually 1/sqrt(head_dim).
 };
 
 class Backend {
@@ -73,8 +81,11 @@ class Backend {
   virtual void CopyToBackend(void* dst, const void* host_src, size_t bytes) = 0;
   // Copies `count` activations (compute dtype) to host float32, converting.
   virtual void CopyActivationsToHost(float* host_dst, const void* src, size_t count) = 0;
-  // Blocks until queued work is done (no-op for the CPU).
-  virtual void Synchronize() = 0;
+  // Blocks until queued work is done (no wait for the CPU); returns last_error().
+  virtual absl::Status Synchronize() = 0;
+  // The first error any operation recorded since the backend was made (OK if none),
+  // without waiting for queued work.
+  virtual absl::Status last_error() const = 0;
 
   // --- Weights ----------------------------------------------------------------------
   // Packs a float32 row-major weight [out, in] (and bias [out] or null) for Linear.
@@ -90,14 +101,13 @@ class Backend {
 
   // --- Operations (activation pointers in backend memory) ----------------------------
   // out[t, :] = table[ids[t], :] for t < n; ids are in [0, rows) (checked by the caller).
-  virtual void Embedding(const void* table, int hidden, const int32_t* ids, int n,
-                         void* out) = 0;
+  virtual void Embedding(const void* table, int hidden, const int32_t* ids, int n, void* out) = 0;
   // out = RMSNorm(x) * weight, per row of [n, hidden]; weight is float32.
   virtual void RmsNorm(const void* x, const void* weight, int n, int hidden, float eps,
                        void* out) = 0;
   // residual += x; out = RMSNorm(residual) * weight, per row.
-  virtual void AddRmsNorm(void* residual, const void* x, const void* weight, int n,
-                          int hidden, float eps, void* out) = 0;
+  virtual void AddRmsNorm(void* residual, const void* x, const void* weight, int n, int hidden,
+                          float eps, void* out) = 0;
   // out[n, out_features] = x[n, in_features] · Wᵀ (+ bias).
   virtual void Linear(const void* x, int n, const LinearWeight& weight, void* out) = 0;
   // Rotates q [n, num_heads, head_dim] and k [n, num_kv_heads, head_dim] in place by
@@ -108,8 +118,7 @@ class Backend {
                     const void* rope_table, int max_positions, const AttentionShape& shape) = 0;
   // Writes k, v rows (strided as in Rope) into their KV slots.
   virtual void WriteKv(const void* k, const void* v, int n, int row_stride,
-                       const int32_t* slot_mapping, const AttentionShape& shape,
-                       KvLayer layer) = 0;
+                       const int32_t* slot_mapping, const AttentionShape& shape, KvLayer layer) = 0;
   // out[t] = softmax(q[t]·Kᵀ·scale) V over positions 0..token_pos[t] of the token's
   // sequence (causal; K/V of the token itself must already be written).
   virtual void PagedAttention(const void* q, int q_row_stride, const AttentionBatch& batch,

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "common/sampling_params_wire.h"
 #include "common/status_macros.h"
 
 namespace conveyor::worker {
@@ -20,52 +21,14 @@ absl::Status Invalid(uint64_t seq_id, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("sequence ", seq_id, ": ", what));
 }
 
-absl::Status ValidateSampling(const v1::SamplingParams& p, int max_logprobs, uint64_t seq_id) {
-  auto finite = [](float x) { return std::isfinite(x); };
-  if (!finite(p.temperature()) || p.temperature() < 0) {
-    return Invalid(seq_id, "sampling.temperature must be >= 0");
-  }
-  if (p.top_k() < 0) return Invalid(seq_id, "sampling.top_k must be >= 0");
-  if (!finite(p.top_p()) || p.top_p() < 0 || p.top_p() > 1) {
-    return Invalid(seq_id, "sampling.top_p must be in [0, 1]");
-  }
-  if (!finite(p.min_p()) || p.min_p() < 0 || p.min_p() > 1) {
-    return Invalid(seq_id, "sampling.min_p must be in [0, 1]");
-  }
-  if (!finite(p.repetition_penalty()) || p.repetition_penalty() < 0) {
-    return Invalid(seq_id, "sampling.repetition_penalty must be >= 0");
-  }
-  if (!finite(p.presence_penalty()) || !finite(p.frequency_penalty())) {
-    return Invalid(seq_id, "sampling.presence_penalty and frequency_penalty must be finite");
-  }
-  if (p.num_logprobs() < 0 || p.num_logprobs() > max_logprobs) {
-    return Invalid(seq_id, absl::StrCat("sampling.num_logprobs must be in [0, ", max_logprobs,
-                                        "]"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-SamplingParams FromProto(const v1::SamplingParams& p) {
-  SamplingParams s;
-  s.temperature = p.temperature();
-  s.top_k = p.top_k();
-  s.top_p = p.top_p() == 0.0f ? 1.0f : p.top_p();
-  s.min_p = p.min_p();
-  s.repetition_penalty = p.repetition_penalty() == 0.0f ? 1.0f : p.repetition_penalty();
-  s.presence_penalty = p.presence_penalty();
-  s.frequency_penalty = p.frequency_penalty();
-  s.seed = p.seed();
-  s.num_logprobs = p.num_logprobs();
-  return s;
-}
-
-StepEngine::StepEngine(LlamaModel* model, KvCache* cache, const Options& options)
+StepEngine::StepEngine(model::LlamaModel* model, model::KvCache* cache, const Options& options)
     : model_(model),
       cache_(cache),
       options_(options),
-      sampler_(model->config().vocab_size) {}
+      sampler_(model->config().vocab_size),
+      block_refs_(cache->num_blocks(), 0) {}
 
 absl::Status StepEngine::ValidateBlocks(const google::protobuf::RepeatedField<int32_t>& blocks,
                                         const char* field, uint64_t seq_id) const {
@@ -73,6 +36,81 @@ absl::Status StepEngine::ValidateBlocks(const google::protobuf::RepeatedField<in
     if (block < 0 || block >= cache_->num_blocks()) {
       return Invalid(seq_id, absl::StrCat(field, " holds block ", block, ", outside [0, ",
                                           cache_->num_blocks(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StepEngine::AddSequence(uint64_t seq_id, Sequence seq) {
+  for (int32_t block : seq.block_table) ++block_refs_[block];
+  sequences_[seq_id] = std::move(seq);
+}
+
+void StepEngine::AddBlocks(Sequence& seq, std::span<const int32_t> blocks) {
+  for (int32_t block : blocks) ++block_refs_[block];
+  seq.block_table.insert(seq.block_table.end(), blocks.begin(), blocks.end());
+}
+
+void StepEngine::EraseSequence(uint64_t seq_id) {
+  auto it = sequences_.find(seq_id);
+  if (it == sequences_.end()) return;
+  for (int32_t block : it->second.block_table) --block_refs_[block];
+  sequences_.erase(it);
+}
+
+void StepEngine::ClearSequences() {
+  sequences_.clear();
+  std::fill(block_refs_.begin(), block_refs_.end(), 0);
+}
+
+absl::Status StepEngine::ValidateWrites(const v1::StepRequest& request,
+                                        const std::vector<Scheduled>& scheduled) const {
+  // References per block once the step's drops and additions apply: the sparse change.
+  std::unordered_map<int32_t, int32_t> delta;
+  if (request.reset()) {
+    for (const auto& [id, seq] : sequences_) {
+      for (int32_t block : seq.block_table) --delta[block];
+    }
+  } else {
+    for (uint64_t id : request.dropped_seq_ids()) {
+      for (int32_t block : sequences_.at(id).block_table) --delta[block];
+    }
+  }
+  for (const Scheduled& s : scheduled) {
+    const auto& added = s.new_seq != nullptr ? s.new_seq->block_ids() : s.running->new_block_ids();
+    for (int32_t block : added) ++delta[block];
+  }
+  auto refs_after = [&](int32_t block) {
+    auto it = delta.find(block);
+    return block_refs_[block] + (it == delta.end() ? 0 : it->second);
+  };
+  const int block_size = cache_->block_size();
+  std::unordered_set<int32_t> table;
+  for (const Scheduled& s : scheduled) {
+    // The sequence's whole table after the step, and the positions it computes.
+    std::vector<int32_t> blocks;
+    int computed = 0;
+    if (s.new_seq != nullptr) {
+      blocks.assign(s.new_seq->block_ids().begin(), s.new_seq->block_ids().end());
+      computed = s.new_seq->num_cached_tokens();
+    } else {
+      const Sequence& seq = sequences_.at(s.seq_id);
+      blocks = seq.block_table;
+      blocks.insert(blocks.end(), s.running->new_block_ids().begin(),
+                    s.running->new_block_ids().end());
+      computed = seq.num_computed;
+    }
+    table.clear();
+    for (int32_t block : blocks) {
+      if (!table.insert(block).second) {
+        return Invalid(s.seq_id, absl::StrCat("block ", block, " appears twice in its table"));
+      }
+    }
+    for (int b = computed / block_size; b <= (computed + s.num_tokens - 1) / block_size; ++b) {
+      if (refs_after(blocks[b]) != 1) {
+        return Invalid(s.seq_id, absl::StrCat("would write K/V into block ", blocks[b],
+                                              ", which another sequence holds"));
+      }
     }
   }
   return absl::OkStatus();
@@ -96,21 +134,21 @@ absl::Status StepEngine::Validate(const v1::StepRequest& request,
   std::unordered_set<uint64_t> seen;
   int64_t total_tokens = 0;
   // Checks what every scheduled sequence must satisfy, given its state after the step.
-  auto check_capacity = [&](uint64_t id, int64_t computed, int64_t num_tokens,
-                            int64_t known_tokens, int64_t blocks) -> absl::Status {
+  auto check_capacity = [&](uint64_t id, int64_t computed, int64_t num_tokens, int64_t known_tokens,
+                            int64_t blocks) -> absl::Status {
     if (num_tokens < 1) return Invalid(id, "num_tokens must be >= 1");
     if (computed + num_tokens > known_tokens) {
       return Invalid(id, absl::StrCat("num_tokens ", num_tokens, " goes past the ",
                                       known_tokens - computed, " token(s) not yet computed"));
     }
     if (computed + num_tokens > config.max_context_tokens) {
-      return Invalid(id, absl::StrCat("would reach ", computed + num_tokens,
-                                      " tokens, beyond the model's context of ",
-                                      config.max_context_tokens));
+      return Invalid(
+          id, absl::StrCat("would reach ", computed + num_tokens,
+                           " tokens, beyond the model's context of ", config.max_context_tokens));
     }
     if (computed + num_tokens > blocks * block_size) {
-      return Invalid(id, absl::StrCat("needs ", computed + num_tokens, " KV slots but its ",
-                                      blocks, " block(s) hold ", blocks * block_size));
+      return Invalid(id, absl::StrCat("needs ", computed + num_tokens, " KV slots but its ", blocks,
+                                      " block(s) hold ", blocks * block_size));
     }
     total_tokens += num_tokens;
     return absl::OkStatus();
@@ -125,10 +163,9 @@ absl::Status StepEngine::Validate(const v1::StepRequest& request,
     if (!seen.insert(id).second) return Invalid(id, "scheduled twice in one step");
     RETURN_IF_ERROR(ValidateBlocks(r.new_block_ids(), "new_block_ids", id));
     const Sequence& s = it->second;
-    RETURN_IF_ERROR(check_capacity(id, s.num_computed, r.num_tokens(),
-                                   static_cast<int64_t>(s.tokens.size()),
-                                   static_cast<int64_t>(s.block_table.size()) +
-                                       r.new_block_ids_size()));
+    RETURN_IF_ERROR(
+        check_capacity(id, s.num_computed, r.num_tokens(), static_cast<int64_t>(s.tokens.size()),
+                       static_cast<int64_t>(s.block_table.size()) + r.new_block_ids_size()));
     scheduled->push_back({id, nullptr, &r, r.num_tokens()});
   }
   for (const v1::NewSequence& n : request.new_sequences()) {
@@ -138,6 +175,11 @@ absl::Status StepEngine::Validate(const v1::StepRequest& request,
     }
     if (!seen.insert(id).second) return Invalid(id, "scheduled twice in one step");
     if (n.token_ids_size() == 0) return Invalid(id, "token_ids is empty");
+    if (n.token_ids_size() > config.max_context_tokens) {
+      return Invalid(
+          id, absl::StrCat("holds ", n.token_ids_size(), " tokens, beyond the model's context of ",
+                           config.max_context_tokens));
+    }
     for (int32_t token : n.token_ids()) {
       if (token < 0 || token >= config.vocab_size) {
         return Invalid(id, absl::StrCat("token id ", token, " is outside the vocabulary [0, ",
@@ -150,10 +192,14 @@ absl::Status StepEngine::Validate(const v1::StepRequest& request,
     if (n.num_cached_tokens() < 0 || n.num_cached_tokens() >= n.token_ids_size()) {
       return Invalid(id, "num_cached_tokens must be in [0, len(token_ids))");
     }
-    RETURN_IF_ERROR(ValidateSampling(n.sampling(), options_.max_logprobs, id));
+    if (absl::Status sampling =
+            ValidateSamplingParams(FromWire(n.sampling()), options_.max_logprobs);
+        !sampling.ok()) {
+      return Invalid(id, absl::StrCat("sampling.", sampling.message()));
+    }
     RETURN_IF_ERROR(ValidateBlocks(n.block_ids(), "block_ids", id));
-    RETURN_IF_ERROR(check_capacity(id, n.num_cached_tokens(), n.num_tokens(),
-                                   n.token_ids_size(), n.block_ids_size()));
+    RETURN_IF_ERROR(check_capacity(id, n.num_cached_tokens(), n.num_tokens(), n.token_ids_size(),
+                                   n.block_ids_size()));
     scheduled->push_back({id, &n, nullptr, n.num_tokens()});
   }
   if (total_tokens > options_.max_step_tokens) {
@@ -161,10 +207,10 @@ absl::Status StepEngine::Validate(const v1::StepRequest& request,
                                                    " tokens, above the worker's limit of ",
                                                    options_.max_step_tokens));
   }
-  if (static_cast<int>(scheduled->size()) > options_.max_step_sequences) {
+  if (static_cast<int>(scheduled->size()) > options_.max_num_seqs) {
     return absl::InvalidArgumentError(absl::StrCat("step schedules ", scheduled->size(),
                                                    " sequences, above the worker's limit of ",
-                                                   options_.max_step_sequences));
+                                                   options_.max_num_seqs));
   }
   return absl::OkStatus();
 }
@@ -203,12 +249,13 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
   const auto start = std::chrono::steady_clock::now();
   std::vector<Scheduled> scheduled;
   RETURN_IF_ERROR(Validate(request, &scheduled));
+  RETURN_IF_ERROR(ValidateWrites(request, scheduled));
 
   // Apply the deltas; from here on the step cannot be rejected.
   if (request.reset()) {
-    sequences_.clear();
+    ClearSequences();
   } else {
-    for (uint64_t id : request.dropped_seq_ids()) sequences_.erase(id);
+    for (uint64_t id : request.dropped_seq_ids()) EraseSequence(id);
   }
   for (const Scheduled& s : scheduled) {
     if (s.new_seq != nullptr) {
@@ -217,12 +264,11 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
       seq.num_prompt_tokens = s.new_seq->token_ids_size() - s.new_seq->num_output_tokens();
       seq.num_computed = s.new_seq->num_cached_tokens();
       seq.block_table.assign(s.new_seq->block_ids().begin(), s.new_seq->block_ids().end());
-      seq.sampling = FromProto(s.new_seq->sampling());
-      sequences_[s.seq_id] = std::move(seq);
+      seq.sampling = FromWire(s.new_seq->sampling());
+      AddSequence(s.seq_id, std::move(seq));
     } else {
-      Sequence& seq = sequences_.at(s.seq_id);
-      seq.block_table.insert(seq.block_table.end(), s.running->new_block_ids().begin(),
-                             s.running->new_block_ids().end());
+      const auto& added = s.running->new_block_ids();
+      AddBlocks(sequences_.at(s.seq_id), std::span<const int32_t>(added.data(), added.size()));
     }
   }
   BuildBatch(scheduled);
@@ -235,17 +281,16 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
   absl::Status forward;
   if (on_device) {
     // Forward and sampling are queued together; the sampler's wait is the step's.
-    absl::StatusOr<DeviceLogits> logits = model_->ForwardToDevice(batch_, *cache_);
+    absl::StatusOr<model::DeviceLogits> logits = model_->ForwardToDevice(batch_, *cache_);
     forward = logits.status();
     if (forward.ok()) {
       rows_to_sample_.clear();
       for (uint64_t seq_id : sampling_seqs_) {
         const Sequence& seq = sequences_.at(seq_id);
         const std::span<const int32_t> all(seq.tokens);
-        rows_to_sample_.push_back({&seq.sampling, all.first(seq.num_prompt_tokens),
-                                   all.subspan(seq.num_prompt_tokens),
-                                   seq.tokens.size() - seq.num_prompt_tokens,
-                                   seq.sampling.num_logprobs > 0});
+        rows_to_sample_.push_back(
+            {&seq.sampling, all.first(seq.num_prompt_tokens), all.subspan(seq.num_prompt_tokens),
+             seq.tokens.size() - seq.num_prompt_tokens, seq.sampling.num_logprobs > 0});
       }
       forward = device_sampler_->Sample(*logits, rows_to_sample_, &sampled_);
     }
@@ -259,8 +304,16 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
   if (!forward.ok()) {
     // The KV cache of the scheduled sequences is now unreliable: forget them so the
     // scheduler must re-add (recompute) them.
-    for (const Scheduled& s : scheduled) sequences_.erase(s.seq_id);
-    return forward;
+    for (const Scheduled& s : scheduled) EraseSequence(s.seq_id);
+    device_failed_ = true;
+    // UNAVAILABLE from a collective: a peer rank went away (the group must be rebuilt,
+    // nothing was wrong with the step). Anything else is the device's own error.
+    if (forward.code() == absl::StatusCode::kUnavailable) {
+      return absl::UnavailableError(absl::StrCat(
+          "step ", request.step_id(), " lost a tensor-parallel peer: ", forward.message()));
+    }
+    return absl::InternalError(
+        absl::StrCat("step ", request.step_id(), " failed on the device: ", forward.message()));
   }
   for (const Scheduled& s : scheduled) sequences_.at(s.seq_id).num_computed += s.num_tokens;
 
@@ -270,11 +323,12 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
     Sequence& seq = sequences_.at(sampling_seqs_[i]);
     const std::span<const int32_t> all(seq.tokens);
     const bool want_logprob = seq.sampling.num_logprobs > 0;
-    SampleResult result;
+    model::SampleResult result;
     if (on_device) {
       result = std::move(sampled_[i]);
     } else {
       row.assign(logits_.begin() + i * vocab, logits_.begin() + (i + 1) * vocab);
+      if (logits_tap_ != nullptr) logits_tap_->OnLogits(request.step_id(), sampling_seqs_[i], row);
       result = sampler_.Sample(row, seq.sampling, all.first(seq.num_prompt_tokens),
                                all.subspan(seq.num_prompt_tokens),
                                seq.tokens.size() - seq.num_prompt_tokens, want_logprob);
@@ -286,7 +340,7 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
     out->set_token_id(result.token_id);
     if (want_logprob) {
       out->set_logprob(result.logprob);
-      for (const TokenLogprob& alt : result.top_logprobs) {
+      for (const model::TokenLogprob& alt : result.top_logprobs) {
         v1::TokenLogprob* t = out->add_top_logprobs();
         t->set_token_id(alt.token_id);
         t->set_logprob(alt.logprob);
@@ -301,15 +355,6 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
   response->mutable_timings()->set_sample_ms(MillisSince(sample_start));
   response->mutable_timings()->set_total_ms(MillisSince(start));
   return absl::OkStatus();
-}
-
-std::span<const float> StepEngine::LastLogits(uint64_t seq_id) const {
-  const size_t vocab = model_->config().vocab_size;
-  if (logits_.empty()) return {};
-  for (size_t i = 0; i < sampling_seqs_.size(); ++i) {
-    if (sampling_seqs_[i] == seq_id) return {logits_.data() + i * vocab, vocab};
-  }
-  return {};
 }
 
 }  // namespace conveyor::worker

@@ -3,7 +3,10 @@
 // samples a token for every sequence that reached the end of its known tokens.
 //
 // A step that fails validation returns INVALID_ARGUMENT naming the offending field and
-// changes nothing, so the worker keeps serving.
+// changes nothing, so the worker keeps serving. Validation trusts nothing the step says
+// about memory: every block id is within the cache, a sequence's blocks are distinct,
+// and a step writes K/V only into blocks no other live sequence references (blocks a
+// new sequence shares as a cached prefix are read, never written).
 #pragma once
 
 #include <cstdint>
@@ -13,45 +16,59 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "model/device_sampler.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/sampler.h"
 #include "worker.pb.h"
-#include "worker/device_sampler.h"
-#include "worker/kv_cache.h"
-#include "worker/model.h"
-#include "worker/sampler.h"
 
 namespace conveyor::worker {
+
+// Receives the logits a step samples from on the host (StepEngine::set_logits_tap).
+class LogitsTap {
+ public:
+  virtual ~LogitsTap() = default;
+  // `logits` (vocab_size entries) produced `seq_id`'s token in step `step_id`.
+  virtual void OnLogits(uint64_t step_id, uint64_t seq_id, std::span<const float> logits) = 0;
+};
 
 class StepEngine {
  public:
   struct Options {
     int max_step_tokens = 8192;
-    int max_step_sequences = 256;
+    int max_num_seqs = 256;
     int tp_rank = 0;  // Only rank 0 reports sampled tokens.
     int max_logprobs = 20;
   };
 
   // `model` and `cache` must outlive the engine.
-  StepEngine(LlamaModel* model, KvCache* cache, const Options& options);
+  StepEngine(model::LlamaModel* model, model::KvCache* cache, const Options& options);
 
   // Runs one step. On error nothing changed.
   absl::Status Step(const v1::StepRequest& request, v1::StepResponse* response);
 
   // Samples where the logits are from now on (steps of more rows than it takes copy
   // their logits to the host and sample there).
-  void set_device_sampler(std::unique_ptr<DeviceSampler> sampler) {
+  void set_device_sampler(std::unique_ptr<model::DeviceSampler> sampler) {
     device_sampler_ = std::move(sampler);
   }
 
   // Forgets every sequence (a restarted scheduler starts from a clean slate).
-  void Reset() { sequences_.clear(); }
+  void Reset() { ClearSequences(); }
+
+  // Whether a step failed on the device (INTERNAL, naming the operation) or lost a
+  // tensor-parallel peer (UNAVAILABLE). Either is sticky (a faulted backend, a broken
+  // communicator), so every later step would fail too: the model must be rebuilt.
+  bool device_failed() const { return device_failed_; }
+
+  // Sees the logits of every row sampled on the host, before any sampling transform
+  // (tests compare them across batch shapes and tensor-parallel layouts). Null: none.
+  // `tap` must outlive the engine.
+  void set_logits_tap(LogitsTap* tap) { logits_tap_ = tap; }
 
   int num_sequences() const { return static_cast<int>(sequences_.size()); }
   uint64_t steps_executed() const { return steps_executed_; }
   const Options& options() const { return options_; }
-
-  // The logits (before any sampling transform) that produced `seq_id`'s token in the
-  // last step, or an empty span if it sampled nothing then or sampled on the device.
-  std::span<const float> LastLogits(uint64_t seq_id) const;
 
  private:
   struct Sequence {
@@ -59,7 +76,7 @@ class StepEngine {
     int num_prompt_tokens = 0;
     int num_computed = 0;  // Tokens whose K/V are in the cache.
     std::vector<int32_t> block_table;
-    SamplingParams sampling;
+    model::SamplingParams sampling;
   };
   // One sequence scheduled in the step being validated.
   struct Scheduled {
@@ -69,29 +86,37 @@ class StepEngine {
     int num_tokens = 0;
   };
 
-  absl::Status Validate(const v1::StepRequest& request,
-                        std::vector<Scheduled>* scheduled) const;
+  absl::Status Validate(const v1::StepRequest& request, std::vector<Scheduled>* scheduled) const;
   absl::Status ValidateBlocks(const google::protobuf::RepeatedField<int32_t>& blocks,
                               const char* field, uint64_t seq_id) const;
+  // Checks that the blocks each scheduled sequence writes this step belong to it alone,
+  // once the step's drops and new blocks are applied.
+  absl::Status ValidateWrites(const v1::StepRequest& request,
+                              const std::vector<Scheduled>& scheduled) const;
+  // The only ways sequences_ changes, so block_refs_ stays in step with it.
+  void AddSequence(uint64_t seq_id, Sequence seq);
+  void AddBlocks(Sequence& seq, std::span<const int32_t> blocks);
+  void EraseSequence(uint64_t seq_id);
+  void ClearSequences();
   void BuildBatch(const std::vector<Scheduled>& scheduled);
 
-  LlamaModel* model_;
-  KvCache* cache_;
+  model::LlamaModel* model_;
+  model::KvCache* cache_;
   Options options_;
-  Sampler sampler_;
-  std::unique_ptr<DeviceSampler> device_sampler_;  // Null: sample on the host.
+  model::Sampler sampler_;
+  std::unique_ptr<model::DeviceSampler> device_sampler_;  // Null: sample on the host.
   std::unordered_map<uint64_t, Sequence> sequences_;
+  std::vector<int32_t> block_refs_;  // [num_blocks]: live sequences whose table holds it.
   uint64_t steps_executed_ = 0;
+  bool device_failed_ = false;
+  LogitsTap* logits_tap_ = nullptr;
 
   // Per-step scratch.
-  ForwardBatch batch_;
+  model::ForwardBatch batch_;
   std::vector<uint64_t> sampling_seqs_;  // Sequence of each logit row.
   std::vector<float> logits_;            // [rows, vocab] when sampled on the host.
-  std::vector<RowToSample> rows_to_sample_;
-  std::vector<SampleResult> sampled_;
+  std::vector<model::RowToSample> rows_to_sample_;
+  std::vector<model::SampleResult> sampled_;
 };
-
-// Converts wire sampling parameters (zeros meaning "unset") to the sampler's.
-SamplingParams FromProto(const v1::SamplingParams& p);
 
 }  // namespace conveyor::worker

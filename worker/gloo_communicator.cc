@@ -112,8 +112,8 @@ class GrpcStore final : public gloo::rendezvous::Store {
 
   void Check(const grpc::Status& status, const char* op, const std::string& key) const {
     if (!status.ok()) {
-      throw gloo::IoException(absl::StrCat("rendezvous store at ", address_, ": ", op, " \"",
-                                           key, "\": ", status.error_message()));
+      throw gloo::IoException(absl::StrCat("rendezvous store at ", address_, ": ", op, " \"", key,
+                                           "\": ", status.error_message()));
     }
   }
 
@@ -122,7 +122,7 @@ class GrpcStore final : public gloo::rendezvous::Store {
   const std::chrono::system_clock::time_point deadline_;
 };
 
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public model::Communicator {
  public:
   explicit GlooCommunicator(std::shared_ptr<gloo::rendezvous::Context> context)
       : context_(std::move(context)) {}
@@ -152,8 +152,8 @@ class GlooCommunicator final : public Communicator {
     try {
       fn();
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("Gloo ", what, " on rank ", context_->rank,
-                                                 " failed: ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("Gloo ", what, " on rank ", context_->rank, " failed: ", e.what()));
     }
     return absl::OkStatus();
   }
@@ -181,7 +181,7 @@ absl::StatusOr<std::unique_ptr<GlooRendezvousServer>> GlooRendezvousServer::Star
     return absl::UnavailableError(
         absl::StrCat("cannot serve the Gloo rendezvous store on ", host, ":0"));
   }
-  std::string id = absl::StrCat(std::string(kGlooIdPrefix), host, ":", port);
+  std::string id = absl::StrCat(std::string(model::kGlooIdPrefix), host, ":", port);
   return std::unique_ptr<GlooRendezvousServer>(
       new GlooRendezvousServer(std::move(impl), std::move(id)));
 }
@@ -194,11 +194,11 @@ GlooRendezvousServer::~GlooRendezvousServer() {
   impl_->server->Shutdown(std::chrono::system_clock::now());
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
+absl::StatusOr<std::unique_ptr<model::Communicator>> ConnectGloo(
     std::string_view collective_id, int rank, int world_size, const std::string& host,
     std::chrono::system_clock::time_point deadline) {
   ASSIGN_OR_RETURN(const std::string_view address,
-                   CollectiveIdPayload(collective_id, kGlooIdPrefix));
+                   model::CollectiveIdPayload(collective_id, model::kGlooIdPrefix));
   const std::string store_address(address);
   GrpcStore store(store_address, deadline);
   try {
@@ -215,11 +215,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
     gloo::BarrierOptions barrier(context);
     gloo::barrier(barrier);
     context->setTimeout(kOperationTimeout);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(context)));
+    return std::unique_ptr<model::Communicator>(new GlooCommunicator(std::move(context)));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("Gloo rendezvous of rank ", rank, " of ",
-                                               world_size, " through ", store_address,
-                                               " failed: ", e.what()));
+    return absl::UnavailableError(absl::StrCat("Gloo rendezvous of rank ", rank, " of ", world_size,
+                                               " through ", store_address, " failed: ", e.what()));
   }
 }
 

@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "worker/communicator.h"
+#include "model/communicator.h"
 
 namespace conveyor::worker {
 
@@ -39,7 +39,7 @@ class GlooRendezvousServer {
 // Connects `rank` of `world_size` through the store `collective_id` names, listening for
 // its peers on `host`. Waits for every rank until `deadline`; when it returns OK every
 // rank has connected, so rank 0 may stop its store.
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
+absl::StatusOr<std::unique_ptr<model::Communicator>> ConnectGloo(
     std::string_view collective_id, int rank, int world_size, const std::string& host,
     std::chrono::system_clock::time_point deadline);
 

@@ -10,12 +10,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "model/cuda/cuda_device.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "worker/cpu_device.h"
 #include "worker/service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
@@ -38,6 +41,12 @@ ABSL_FLAG(std::string, collective_host, "",
           "store and TCP pairs). Empty: --host, or this machine's hostname when --host is "
           "0.0.0.0.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
+ABSL_FLAG(double, rendezvous_timeout_s, 60,
+          "Longest an Init waits for the other tensor-parallel ranks to join.");
+ABSL_FLAG(double, binding_lease_s, 30,
+          "The worker serves the scheduler that initialised it, and accepts another only after "
+          "that one has made no call for this long.");
+ABSL_FLAG(int, max_receive_bytes, 64 << 20, "Largest request message the worker accepts.");
 
 namespace {
 
@@ -46,10 +55,7 @@ void WaitForSignalThenShutdown(conveyor::worker::WorkerService* service, sigset_
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("received signal {}, shutting down", sig);
-  grpc::ServerContext unused_context;
-  conveyor::worker::v1::ShutdownRequest request;
-  conveyor::worker::v1::ShutdownResponse response;
-  service->Shutdown(&unused_context, &request, &response);
+  service->RequestShutdown();
 }
 
 // --collective_host, defaulted as its help says.
@@ -61,6 +67,26 @@ std::string CollectiveHost() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
   return name;
+}
+
+// The device --backend names, configured from the flags that apply to it.
+absl::StatusOr<std::unique_ptr<conveyor::model::Device>> MakeDevice(const std::string& name) {
+  if (name == "cpu") {
+    conveyor::worker::CpuDeviceOptions cpu;
+    cpu.num_threads = absl::GetFlag(FLAGS_threads);
+    cpu.collective_host = CollectiveHost();
+    return conveyor::worker::MakeCpuDevice(cpu);
+  }
+  if (name == "cuda") {
+    conveyor::model::CudaDeviceOptions cuda;
+    cuda.device = absl::GetFlag(FLAGS_device);
+    cuda.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
+    cuda.device_sampling = absl::GetFlag(FLAGS_device_sampling);
+    cuda.decode_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+    return conveyor::model::MakeCudaDevice(cuda);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend must be cpu or cuda, got \"", name, "\""));
 }
 
 }  // namespace
@@ -85,26 +111,25 @@ int main(int argc, char** argv) {
   conveyor::worker::WorkerMetrics metrics(*registry);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
-    const std::string metrics_address = absl::GetFlag(FLAGS_host) + ":" +
-                                        std::to_string(absl::GetFlag(FLAGS_metrics_port));
+    const std::string metrics_address =
+        absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_metrics_port));
     exposer = std::make_unique<prometheus::Exposer>(metrics_address);
     exposer->RegisterCollectable(registry);
   }
 
-  conveyor::worker::WorkerService::Options options;
-  options.backend = absl::GetFlag(FLAGS_backend);
-  if (options.backend != "cpu" && options.backend != "cuda") {
-    spdlog::error("--backend must be cpu or cuda, got \"{}\"", options.backend);
+  absl::StatusOr<std::unique_ptr<conveyor::model::Device>> device =
+      MakeDevice(absl::GetFlag(FLAGS_backend));
+  if (!device.ok()) {
+    spdlog::error("{}", device.status().ToString());
     return 2;
   }
-  options.num_threads = absl::GetFlag(FLAGS_threads);
-  options.device = absl::GetFlag(FLAGS_device);
-  options.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
-  options.device_sampling = absl::GetFlag(FLAGS_device_sampling);
-  options.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  options.collective_host = CollectiveHost();
+  conveyor::worker::WorkerService::Options options;
   options.metrics = &metrics;
-  conveyor::worker::WorkerService service(options);
+  options.rendezvous_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(absl::GetFlag(FLAGS_rendezvous_timeout_s) * 1000));
+  options.binding_lease =
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_binding_lease_s) * 1000));
+  conveyor::worker::WorkerService service(*std::move(device), options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -113,7 +138,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     spdlog::error("cannot listen on {}", address);

@@ -23,15 +23,15 @@ void WorkerMetrics::Initialized(const std::string& model, int rank, double load_
                        .Help("Forward pass and sampling of one step.")
                        .Register(registry_)
                        .Add(labels, prometheus::Histogram::BucketBoundaries{
-                                        0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032,
-                                        0.064, 0.128, 0.256, 0.512, 1, 2, 4, 8});
-  step_tokens_ = &prometheus::BuildHistogram()
-                      .Name("conveyor_worker_step_tokens")
-                      .Help("Tokens in one step.")
-                      .Register(registry_)
-                      .Add(labels, prometheus::Histogram::BucketBoundaries{
-                                       1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
-                                       4096, 8192});
+                                        0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064,
+                                        0.128, 0.256, 0.512, 1, 2, 4, 8});
+  step_tokens_ =
+      &prometheus::BuildHistogram()
+           .Name("conveyor_worker_step_tokens")
+           .Help("Tokens in one step.")
+           .Register(registry_)
+           .Add(labels, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256,
+                                                                512, 1024, 2048, 4096, 8192});
   steps_ = &prometheus::BuildCounter()
                 .Name("conveyor_worker_steps_total")
                 .Help("Steps executed.")

@@ -12,10 +12,6 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "spdlog/spdlog.h"
-#ifdef CONVEYOR_HAVE_CUDA
-#include "kernels/cuda/cuda_backend.h"
-#include "worker/nccl_communicator.h"
-#endif
 
 namespace conveyor::worker {
 namespace {
@@ -24,31 +20,6 @@ constexpr int kDefaultBlockSize = 16;
 constexpr int kMaxBlockSize = 1024;
 constexpr int kDefaultMaxStepTokens = 8192;
 constexpr int kDefaultMaxStepSequences = 256;
-// Without an explicit budget the CPU worker takes this share of available memory, up
-// to a cap (a CPU worker rarely profits from more).
-constexpr double kDefaultKvShareOfAvailableMemory = 0.3;
-constexpr uint64_t kDefaultKvCapBytes = 4ull << 30;
-// Longest an Init waits for the other ranks when its call carries no deadline.
-constexpr std::chrono::minutes kMaxRendezvousWait{10};
-
-// MemAvailable from /proc/meminfo in bytes, or 0 if unknown.
-uint64_t AvailableMemoryBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
-#ifndef CONVEYOR_HAVE_CUDA
-absl::Status NoCudaError() {
-  return absl::UnimplementedError(
-      "this worker was built without CUDA; rebuild with -DCONVEYOR_CUDA=ON");
-}
-#endif
 
 void FillModelInfo(const ModelConfig& c, v1::ModelInfo* info) {
   info->set_architecture(c.architecture);
@@ -66,7 +37,8 @@ void FillModelInfo(const ModelConfig& c, v1::ModelInfo* info) {
 
 }  // namespace
 
-WorkerService::WorkerService(const Options& options) : options_(options) {}
+WorkerService::WorkerService(std::unique_ptr<model::Device> device, const Options& options)
+    : device_(std::move(device)), options_(options) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -79,23 +51,32 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
                                        std::chrono::system_clock::time_point deadline,
                                        v1::InitResponse* response) {
   if (engine_ != nullptr) {
-    if (google::protobuf::util::MessageDifferencer::Equals(request, init_request_)) {
+    // The scheduler re-initialises after a failure (or after it restarted): with the same
+    // model and layout, a single rank keeps its model and drops every sequence; a
+    // tensor-parallel rank must join the group's new communicator, so it reloads.
+    v1::InitRequest same = request;
+    same.set_collective_id(init_request_.collective_id());
+    if (!google::protobuf::util::MessageDifferencer::Equals(same, init_request_)) {
+      return absl::FailedPreconditionError(
+          "worker is already initialised with another model or layout; restart it to load "
+          "something else");
+    }
+    if (std::max(request.tp_world_size(), 1) == 1) {
       engine_->Reset();
       *response = init_response_;
-      spdlog::info("Init repeated (a scheduler restarted?): all sequences dropped");
+      spdlog::info("Init repeated (the scheduler recovers or restarted): all sequences dropped");
       return absl::OkStatus();
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker is already initialised with ", init_request_.ShortDebugString(),
-        "; restart it to load something else"));
+    spdlog::info("Init repeated for a new tensor-parallel group: reloading");
+    UnloadLocked();
   }
   if (request.model_path().empty()) {
     return absl::InvalidArgumentError("model_path is empty");
   }
   const int world = request.tp_world_size() == 0 ? 1 : request.tp_world_size();
   if (world < 1 || request.tp_rank() < 0 || request.tp_rank() >= world) {
-    return absl::InvalidArgumentError(absl::StrCat("tp_rank ", request.tp_rank(),
-                                                   " is outside tp_world_size ", world));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp_rank ", request.tp_rank(), " is outside tp_world_size ", world));
   }
   if (world > 1 && request.collective_id().empty()) {
     return absl::InvalidArgumentError(
@@ -111,57 +92,57 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
     return absl::InvalidArgumentError(
         absl::StrCat("block_size must be in [1, ", kMaxBlockSize, "], got ", block_size));
   }
-  if (request.max_step_tokens() < 0 || request.max_step_sequences() < 0) {
-    return absl::InvalidArgumentError("max_step_tokens and max_step_sequences must be >= 0");
+  if (request.max_step_tokens() < 0 || request.max_num_seqs() < 0) {
+    return absl::InvalidArgumentError("max_step_tokens and max_num_seqs must be >= 0");
   }
 
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, MakeBackend());
-  absl::StatusOr<std::unique_ptr<Communicator>> comm = Connect(request, backend.get(), deadline);
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, device_->MakeBackend());
+  absl::StatusOr<std::unique_ptr<model::Communicator>> comm =
+      device_->Connect(request.collective_id(), request.tp_rank(), world, backend.get(), deadline);
   if (request.tp_rank() == 0) {
     // Connected, every rank is done with the rendezvous; failed, the group needs a new id.
-    gloo_rendezvous_.reset();
+    device_->EndRendezvous();
     created_collective_id_.clear();
   }
   RETURN_IF_ERROR(comm.status());
-  ASSIGN_OR_RETURN(auto model, LlamaModel::Load(request.model_path(), backend.get(), comm->get()));
+  if (world > 1) {
+    spdlog::info("rank {} of {} joined its tensor-parallel group", request.tp_rank(), world);
+  }
+  ASSIGN_OR_RETURN(auto model,
+                   model::LlamaModel::Load(request.model_path(), backend.get(), comm->get()));
   const ModelConfig& c = model->config();
   StepEngine::Options engine_options;
   engine_options.max_step_tokens =
       request.max_step_tokens() == 0 ? kDefaultMaxStepTokens : request.max_step_tokens();
-  engine_options.max_step_sequences = request.max_step_sequences() == 0
-                                          ? kDefaultMaxStepSequences
-                                          : request.max_step_sequences();
+  engine_options.max_num_seqs =
+      request.max_num_seqs() == 0 ? kDefaultMaxStepSequences : request.max_num_seqs();
   engine_options.tp_rank = request.tp_rank();
   // Before the KV cache is sized, whatever else a step needs: the largest step's
   // activations and the sampler's scratch come out of the same memory.
-  RETURN_IF_ERROR(model->ReserveActivations(engine_options.max_step_tokens,
-                                            engine_options.max_step_sequences));
-  if (options_.backend == "cuda" && options_.cuda_graphs) {
-    RETURN_IF_ERROR(model->EnableDecodeGraphs(engine_options.max_step_sequences));
+  RETURN_IF_ERROR(
+      model->ReserveActivations(engine_options.max_step_tokens, engine_options.max_num_seqs));
+  if (device_->decode_graphs()) {
+    RETURN_IF_ERROR(model->EnableDecodeGraphs(engine_options.max_num_seqs));
   }
-  std::unique_ptr<DeviceSampler> device_sampler;
-  if (options_.backend == "cuda" && options_.device_sampling) {
-    ASSIGN_OR_RETURN(device_sampler, MakeCudaSampler(backend.get(), c.vocab_size,
-                                                     engine_options.max_step_sequences));
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<model::DeviceSampler> device_sampler,
+                   device_->MakeSampler(backend.get(), c.vocab_size, engine_options.max_num_seqs));
   const size_t block_bytes =
-      KvCache::BytesPerBlock(c.num_layers, model->local_num_kv_heads(), c.head_dim, block_size,
-                             backend->activation_bytes());
+      model::KvCache::BytesPerBlock(c.num_layers, model->local_num_kv_heads(), c.head_dim,
+                                    block_size, backend->activation_bytes());
   uint64_t budget = request.kv_cache_bytes();
   if (budget == 0) {
-    ASSIGN_OR_RETURN(budget, DefaultKvBudget());
+    ASSIGN_OR_RETURN(budget, device_->DefaultKvBudgetBytes(backend.get()));
   }
   const uint64_t num_blocks = budget / block_bytes;
   if (num_blocks > static_cast<uint64_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("kv_cache_bytes is too large");
   }
-  ASSIGN_OR_RETURN(auto cache, KvCache::Create(backend.get(), c.num_layers,
-                                               model->local_num_kv_heads(), c.head_dim, block_size,
-                                               static_cast<int>(num_blocks)));
+  ASSIGN_OR_RETURN(auto cache,
+                   model::KvCache::Create(backend.get(), c.num_layers, model->local_num_kv_heads(),
+                                          c.head_dim, block_size, static_cast<int>(num_blocks)));
   const double load_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-          .count();
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
   response->set_num_kv_blocks(cache->num_blocks());
   response->set_block_size(block_size);
@@ -172,22 +153,23 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   response->set_kv_cache_bytes(cache->size_bytes());
   response->set_load_time_ms(load_ms);
   response->set_backend(backend->name());
-  spdlog::info("loaded {} ({} layers, {} parameters; rank {} of {}) on {} in {:.0f} ms; KV "
-               "cache: {} blocks of {} tokens ({} MiB)",
-               request.model_path(), c.num_layers, c.NumParameters(), request.tp_rank(), world,
-               backend->name(), load_ms, cache->num_blocks(), block_size,
-               cache->size_bytes() >> 20);
+  spdlog::info(
+      "loaded {} ({} layers, {} parameters; rank {} of {}) on {} in {:.0f} ms; KV "
+      "cache: {} blocks of {} tokens ({} MiB)",
+      request.model_path(), c.num_layers, c.NumParameters(), request.tp_rank(), world,
+      backend->name(), load_ms, cache->num_blocks(), block_size, cache->size_bytes() >> 20);
 
   if (options_.metrics != nullptr) {
-    options_.metrics->Initialized(
-        std::filesystem::path(request.model_path()).filename().string(), request.tp_rank(),
-        load_ms / 1000, static_cast<double>(model->weight_bytes()),
-        static_cast<double>(cache->size_bytes()));
+    options_.metrics->Initialized(std::filesystem::path(request.model_path()).filename().string(),
+                                  request.tp_rank(), load_ms / 1000,
+                                  static_cast<double>(model->weight_bytes()),
+                                  static_cast<double>(cache->size_bytes()));
   }
   engine_ = std::make_unique<StepEngine>(model.get(), cache.get(), engine_options);
   if (device_sampler != nullptr) engine_->set_device_sampler(std::move(device_sampler));
   init_request_ = request;
   init_response_ = *response;
+  unload_reason_ = absl::OkStatus();
   backend_ = std::move(backend);
   comm_ = std::move(*comm);
   model_ = std::move(model);
@@ -195,100 +177,106 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<kernels::Backend>> WorkerService::MakeBackend() const {
-  if (options_.backend == "cpu") return kernels::MakeCpuBackend(options_.num_threads);
-  if (options_.backend == "cuda") {
-#ifdef CONVEYOR_HAVE_CUDA
-    ASSIGN_OR_RETURN(auto backend, kernels::MakeCudaBackend(options_.device));
-    return std::unique_ptr<kernels::Backend>(std::move(backend));
-#else
-    return NoCudaError();
-#endif
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown backend \"", options_.backend, "\"; use cpu or cuda"));
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> WorkerService::Connect(
-    const v1::InitRequest& request, kernels::Backend* backend,
-    std::chrono::system_clock::time_point deadline) const {
-  const int world = request.tp_world_size();
-  if (world <= 1) return MakeSingleRankCommunicator();
-  absl::StatusOr<std::unique_ptr<Communicator>> comm;
-  if (options_.backend == "cpu") {
-    comm = ConnectGloo(request.collective_id(), request.tp_rank(), world,
-                       options_.collective_host, deadline);
-  } else {
-#ifdef CONVEYOR_HAVE_CUDA
-    // MakeBackend made the CUDA backend with default options, hence their dtype.
-    comm = ConnectNccl(request.collective_id(), request.tp_rank(), world,
-                       static_cast<kernels::CudaBackend*>(backend),
-                       kernels::CudaBackendOptions().dtype);
-#else
-    comm = NoCudaError();
-#endif
-  }
-  if (comm.ok()) {
-    spdlog::info("rank {} of {} joined its tensor-parallel group", request.tp_rank(), world);
-  }
-  return comm;
-}
-
 absl::StatusOr<std::string> WorkerService::CreateCollectiveIdLocked() {
   if (engine_ != nullptr) {
-    // The id of the Init that succeeded: a restarted scheduler then repeats that Init.
-    if (init_request_.tp_world_size() > 1 && init_request_.tp_rank() == 0) {
-      return init_request_.collective_id();
+    // A re-initialisation (the scheduler recovers, or restarted): the group forms anew
+    // around a new id, and every rank's Init with it reloads.
+    if (init_request_.tp_world_size() <= 1 || init_request_.tp_rank() != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this worker is initialised as rank ", init_request_.tp_rank(), " of ",
+          std::max(init_request_.tp_world_size(), 1), "; ask the rank 0 of a new group"));
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this worker is initialised as rank ", init_request_.tp_rank(), " of ",
-        std::max(init_request_.tp_world_size(), 1), "; ask the rank 0 of a new group"));
   }
-  if (options_.backend == "cuda") {
-#ifdef CONVEYOR_HAVE_CUDA
-    ASSIGN_OR_RETURN(created_collective_id_, CreateNcclCollectiveId());
-    return created_collective_id_;
-#else
-    return NoCudaError();
-#endif
-  }
-  gloo_rendezvous_.reset();
-  ASSIGN_OR_RETURN(gloo_rendezvous_, GlooRendezvousServer::Start(options_.collective_host));
-  created_collective_id_ = gloo_rendezvous_->collective_id();
+  ASSIGN_OR_RETURN(created_collective_id_, device_->CreateCollectiveId());
   return created_collective_id_;
 }
 
-absl::StatusOr<uint64_t> WorkerService::DefaultKvBudget() const {
-#ifdef CONVEYOR_HAVE_CUDA
-  if (options_.backend == "cuda") {
-    // Measured after the weights are loaded, so what is free is what the cache may use.
-    ASSIGN_OR_RETURN(size_t free_bytes, kernels::FreeDeviceMemoryBytes(options_.device));
-    return static_cast<uint64_t>(free_bytes * options_.gpu_memory_fraction);
+void WorkerService::UnloadLocked() {
+  engine_.reset();
+  cache_.reset();
+  model_.reset();
+  comm_.reset();
+  backend_.reset();
+  init_request_.Clear();
+  init_response_.Clear();
+}
+
+absl::Status WorkerService::AuthorizeLocked(const grpc::ServerContext& context, bool claim,
+                                            bool allow_unbound) {
+  const auto it = context.client_metadata().find(kSchedulerIdMetadataKey);
+  const std::string_view id = it == context.client_metadata().end()
+                                  ? std::string_view()
+                                  : std::string_view(it->second.data(), it->second.size());
+  if (id.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "calls to a worker must carry the ", kSchedulerIdMetadataKey,
+        " metadata of the scheduler it serves; only a conveyor-scheduler drives a worker"));
   }
-#endif
-  return std::min(kDefaultKvCapBytes, static_cast<uint64_t>(AvailableMemoryBytes() *
-                                                            kDefaultKvShareOfAvailableMemory));
+  const auto now = std::chrono::steady_clock::now();
+  const bool lapsed = !bound_scheduler_.empty() && now - last_contact_ > options_.binding_lease;
+  if (bound_scheduler_ == id) {
+    last_contact_ = now;
+    return absl::OkStatus();
+  }
+  // A worker nobody initialised holds nothing a step could touch: let the call say so
+  // ("not initialised") rather than refuse it. Shutdown still needs a binding.
+  if (allow_unbound && bound_scheduler_.empty()) return absl::OkStatus();
+  if (!claim || !(bound_scheduler_.empty() || lapsed)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this worker serves another scheduler; it becomes free ",
+        std::chrono::duration_cast<std::chrono::seconds>(options_.binding_lease).count(),
+        " s after that scheduler's last call"));
+  }
+  if (lapsed) {
+    spdlog::warn(
+        "the scheduler this worker served has been silent for over {} s; a new one "
+        "takes it over",
+        std::chrono::duration_cast<std::chrono::seconds>(options_.binding_lease).count());
+    if (engine_ != nullptr) engine_->Reset();
+  }
+  bound_scheduler_ = std::string(id);
+  last_contact_ = now;
+  return absl::OkStatus();
 }
 
 grpc::Status WorkerService::Init(grpc::ServerContext* context, const v1::InitRequest* request,
                                  v1::InitResponse* response) {
   const auto deadline =
-      std::min(context->deadline(), std::chrono::system_clock::now() + kMaxRendezvousWait);
+      std::min(context->deadline(), std::chrono::system_clock::now() + options_.rendezvous_timeout);
   std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/true); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   const absl::Status status = InitLocked(*request, deadline, response);
   if (!status.ok()) spdlog::error("Init failed: {}", status.ToString());
   return ToGrpcStatus(status);
 }
 
-grpc::Status WorkerService::Step(grpc::ServerContext*, const v1::StepRequest* request,
+grpc::Status WorkerService::Step(grpc::ServerContext* context, const v1::StepRequest* request,
                                  v1::StepResponse* response) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/false, /*allow_unbound=*/true);
+      !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   if (engine_ == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "worker is not initialised; call Init first");
+                        unload_reason_.ok()
+                            ? std::string("worker is not initialised; call Init first")
+                            : absl::StrCat("worker is not initialised (its model was unloaded "
+                                           "after: ",
+                                           unload_reason_.message(), "); call Init again"));
   }
   const absl::Status status = engine_->Step(*request, response);
-  if (!status.ok()) {
+  if (engine_->device_failed()) {
+    // The backend's error is sticky (a faulted CUDA context computes nothing more), and
+    // so is a communicator that lost a peer: free it all, so that Health says so and the
+    // scheduler's next Init builds anew.
+    spdlog::error("unloading the model: {}", status.ToString());
+    unload_reason_ = status;
+    UnloadLocked();
+    if (options_.metrics != nullptr) options_.metrics->CountStepError();
+  } else if (!status.ok()) {
     spdlog::warn("step {} rejected: {}", request->step_id(), status.ToString());
     if (options_.metrics != nullptr) options_.metrics->CountStepError();
   } else if (options_.metrics != nullptr) {
@@ -298,9 +286,12 @@ grpc::Status WorkerService::Step(grpc::ServerContext*, const v1::StepRequest* re
   return ToGrpcStatus(status);
 }
 
-grpc::Status WorkerService::Health(grpc::ServerContext*, const v1::HealthRequest*,
+grpc::Status WorkerService::Health(grpc::ServerContext* context, const v1::HealthRequest*,
                                    v1::HealthResponse* response) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Open to anyone (it changes nothing); from the bound scheduler it also renews the
+  // binding while that scheduler is idle.
+  AuthorizeLocked(*context, /*claim=*/false).IgnoreError();
   response->set_initialized(engine_ != nullptr);
   if (engine_ != nullptr) {
     response->set_num_sequences(engine_->num_sequences());
@@ -309,20 +300,26 @@ grpc::Status WorkerService::Health(grpc::ServerContext*, const v1::HealthRequest
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
+grpc::Status WorkerService::Shutdown(grpc::ServerContext* context, const v1::ShutdownRequest*,
                                      v1::ShutdownResponse*) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    shutdown_requested_ = true;
+    if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/false); !allowed.ok()) {
+      return ToGrpcStatus(allowed);
+    }
+    spdlog::info("Shutdown requested by the scheduler");
   }
-  shutdown_cv_.notify_all();
+  RequestShutdown();
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::CreateCollectiveId(grpc::ServerContext*,
+grpc::Status WorkerService::CreateCollectiveId(grpc::ServerContext* context,
                                                const v1::CreateCollectiveIdRequest*,
                                                v1::CreateCollectiveIdResponse* response) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/true); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   absl::StatusOr<std::string> id = CreateCollectiveIdLocked();
   if (!id.ok()) {
     spdlog::error("CreateCollectiveId failed: {}", id.status().ToString());
@@ -330,6 +327,14 @@ grpc::Status WorkerService::CreateCollectiveId(grpc::ServerContext*,
   }
   response->set_collective_id(*std::move(id));
   return grpc::Status::OK;
+}
+
+void WorkerService::RequestShutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_requested_ = true;
+  }
+  shutdown_cv_.notify_all();
 }
 
 void WorkerService::WaitForShutdownRequest() {

@@ -1,6 +1,14 @@
 // The worker's gRPC service (proto/worker.proto): owns the backend, the communicator to
 // the other tensor-parallel ranks, the model shard, the KV cache and the step engine of
-// this rank, created by Init. Rank 0 also creates the group's collective id.
+// this rank, created by Init on the device the process was started with. Rank 0 also
+// creates the group's collective id. A step that fails on the device unloads the model
+// (device errors are sticky), so Health says so and the next Init builds it anew.
+//
+// One scheduler per worker: the first Init (or CreateCollectiveId) binds the worker to
+// the identity its caller presents (kSchedulerIdMetadataKey); calls from anyone else are
+// PERMISSION_DENIED and change nothing, until the bound scheduler has been silent for the
+// binding lease (it renews it with every call, Health included). This keeps stray and
+// second schedulers out; authenticating peers is TLS's job (docs/failure-handling.md).
 #pragma once
 
 #include <chrono>
@@ -11,37 +19,31 @@
 
 #include "absl/status/statusor.h"
 
+#include "common/step_protocol.h"
 #include "kernels/backend.h"
+#include "model/communicator.h"
+#include "model/device.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
 #include "worker.grpc.pb.h"
-#include "worker/communicator.h"
 #include "worker/engine.h"
-#include "worker/gloo_communicator.h"
-#include "worker/kv_cache.h"
 #include "worker/metrics.h"
-#include "worker/model.h"
 
 namespace conveyor::worker {
 
 class WorkerService final : public v1::Worker::Service {
  public:
   struct Options {
-    std::string backend = "cpu";  // "cpu" or "cuda".
-    int num_threads = 0;          // CPU backend threads; 0: one per core.
-    int device = 0;               // CUDA device.
-    // Without an explicit kv_cache_bytes, the CUDA backend gives the KV cache this share
-    // of the device memory left after the weights.
-    double gpu_memory_fraction = 0.85;
-    // cuda: sample on the device (only token ids leave it) rather than copying every
-    // sampled row's logits to the host.
-    bool device_sampling = true;
-    // cuda: run decode steps of up to max_step_sequences sequences as CUDA graphs.
-    bool cuda_graphs = false;
-    // Address the other ranks reach this one at for collectives (cpu: the rendezvous
-    // store and Gloo's TCP pairs).
-    std::string collective_host = "127.0.0.1";
     WorkerMetrics* metrics = nullptr;  // Optional; must outlive the service.
+    // Longest an Init waits for the other ranks of its group (rank 0 that never joins).
+    std::chrono::milliseconds rendezvous_timeout{60'000};
+    // The worker serves the scheduler whose Init (or CreateCollectiveId) bound it, and
+    // becomes free for another once that one has made no call for this long.
+    std::chrono::milliseconds binding_lease{30'000};
   };
-  explicit WorkerService(const Options& options);
+
+  // Computes on `device` (worker/cpu_device.h, model/cuda/cuda_device.h).
+  WorkerService(std::unique_ptr<model::Device> device, const Options& options);
   ~WorkerService() override;
 
   grpc::Status Init(grpc::ServerContext* context, const v1::InitRequest* request,
@@ -56,7 +58,10 @@ class WorkerService final : public v1::Worker::Service {
                                   const v1::CreateCollectiveIdRequest* request,
                                   v1::CreateCollectiveIdResponse* response) override;
 
-  // Blocks until a Shutdown call arrived.
+  // Makes WaitForShutdownRequest return (a signal; the Shutdown call does this for the
+  // bound scheduler).
+  void RequestShutdown();
+  // Blocks until a Shutdown call (or RequestShutdown) arrived.
   void WaitForShutdownRequest();
   bool initialized() const;
 
@@ -66,29 +71,34 @@ class WorkerService final : public v1::Worker::Service {
                           std::chrono::system_clock::time_point deadline,
                           v1::InitResponse* response);
   absl::StatusOr<std::string> CreateCollectiveIdLocked();
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend() const;
-  // Joins the request's tensor-parallel group (or makes the single-rank communicator).
-  absl::StatusOr<std::unique_ptr<Communicator>> Connect(
-      const v1::InitRequest& request, kernels::Backend* backend,
-      std::chrono::system_clock::time_point deadline) const;
-  // KV-cache bytes to allocate when the request leaves the budget to the worker.
-  absl::StatusOr<uint64_t> DefaultKvBudget() const;
+  // Frees the model and everything built with it (after a device error).
+  void UnloadLocked();
+  // OK if the call comes from the scheduler this worker serves (renewing the binding);
+  // with `claim`, binds a free worker to the caller; with `allow_unbound`, lets any
+  // identified caller through to a worker nobody bound yet. PERMISSION_DENIED otherwise.
+  absl::Status AuthorizeLocked(const grpc::ServerContext& context, bool claim,
+                               bool allow_unbound = false);
 
+  const std::unique_ptr<model::Device> device_;
   const Options options_;
   mutable std::mutex mu_;  // Serialises Init and Step; guards everything below.
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<model::Communicator> comm_;
+  std::unique_ptr<model::LlamaModel> model_;
+  std::unique_ptr<model::KvCache> cache_;
   std::unique_ptr<StepEngine> engine_;
   // The Init that built engine_ and its answer: a scheduler that restarts sends the same
   // Init again and gets the same answer with every sequence dropped.
   v1::InitRequest init_request_;
   v1::InitResponse init_response_;
-  // Rank 0 before its tensor-parallel Init: the id it created, and for the CPU backend
-  // the rendezvous store behind it. Both go once Init has tried to connect.
+  // Rank 0 before its tensor-parallel Init: the id it created (the device keeps what
+  // the rendezvous needs). Both go once Init has tried to connect.
   std::string created_collective_id_;
-  std::unique_ptr<GlooRendezvousServer> gloo_rendezvous_;
+  // Why the last model was unloaded (a device error), for the next Step's answer.
+  absl::Status unload_reason_;
+  // The scheduler this worker serves (empty: none yet) and when it last called.
+  std::string bound_scheduler_;
+  std::chrono::steady_clock::time_point last_contact_;
   bool shutdown_requested_ = false;
   std::condition_variable shutdown_cv_;
 };

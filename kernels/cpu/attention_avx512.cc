@@ -200,15 +200,24 @@ void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
 
 void ProcessRowBlock(const TileState& st, int row0, int rows, int chunk_pos, int n) {
   switch (rows) {
-    case 1: return ProcessRows<1>(st, row0, chunk_pos, n);
-    case 2: return ProcessRows<2>(st, row0, chunk_pos, n);
-    case 3: return ProcessRows<3>(st, row0, chunk_pos, n);
-    case 4: return ProcessRows<4>(st, row0, chunk_pos, n);
-    case 5: return ProcessRows<5>(st, row0, chunk_pos, n);
-    case 6: return ProcessRows<6>(st, row0, chunk_pos, n);
-    case 7: return ProcessRows<7>(st, row0, chunk_pos, n);
-    case 8: return ProcessRows<8>(st, row0, chunk_pos, n);
-    default: return;
+    case 1:
+      return ProcessRows<1>(st, row0, chunk_pos, n);
+    case 2:
+      return ProcessRows<2>(st, row0, chunk_pos, n);
+    case 3:
+      return ProcessRows<3>(st, row0, chunk_pos, n);
+    case 4:
+      return ProcessRows<4>(st, row0, chunk_pos, n);
+    case 5:
+      return ProcessRows<5>(st, row0, chunk_pos, n);
+    case 6:
+      return ProcessRows<6>(st, row0, chunk_pos, n);
+    case 7:
+      return ProcessRows<7>(st, row0, chunk_pos, n);
+    case 8:
+      return ProcessRows<8>(st, row0, chunk_pos, n);
+    default:
+      return;
   }
 }
 

@@ -78,10 +78,13 @@ class CpuBackend final : public Backend {
   void CopyActivationsToHost(float* dst, const void* src, size_t count) override {
     std::memcpy(dst, src, count * sizeof(float));
   }
-  void Synchronize() override {}
+  // Every operation completes before it returns, and none can fail once its buffers
+  // exist: there is nothing to wait for and no error to record.
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status last_error() const override { return absl::OkStatus(); }
 
-  absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinear(const float* weight, int out,
-                                                           int in, const float* bias) override {
+  absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinear(const float* weight, int out, int in,
+                                                           const float* bias) override {
     float* packed = AlignedFloats(PackedGemmWeightBytes(out, in) / sizeof(float));
     float* bias_copy = bias != nullptr ? AlignedFloats(out) : nullptr;
     if (packed == nullptr || (bias != nullptr && bias_copy == nullptr)) {
@@ -106,8 +109,7 @@ class CpuBackend final : public Backend {
     return *mem;
   }
 
-  void Embedding(const void* table, int hidden, const int32_t* ids, int n,
-                 void* out) override {
+  void Embedding(const void* table, int hidden, const int32_t* ids, int n, void* out) override {
     CopyRows(static_cast<const float*>(table), hidden, ids, n, static_cast<float*>(out));
   }
 
@@ -123,8 +125,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void AddRmsNorm(void* residual, const void* x, const void* weight, int n, int hidden,
-                  float eps, void* out) override {
+  void AddRmsNorm(void* residual, const void* x, const void* weight, int n, int hidden, float eps,
+                  void* out) override {
     float* res = static_cast<float*>(residual);
     const float* xs = static_cast<const float*>(x);
     const float* w = static_cast<const float*>(weight);
@@ -162,9 +164,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void WriteKv(const void* k, const void* v, int n, int row_stride,
-               const int32_t* slot_mapping, const AttentionShape& shape,
-               KvLayer layer) override {
+  void WriteKv(const void* k, const void* v, int n, int row_stride, const int32_t* slot_mapping,
+               const AttentionShape& shape, KvLayer layer) override {
     const size_t slot_floats = static_cast<size_t>(shape.num_kv_heads) * shape.head_dim;
     const int64_t grain = RowGrain(2 * static_cast<int64_t>(slot_floats));
     pool_.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
@@ -196,8 +197,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows,
-                  void* out) override {
+  void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows, void* out) override {
     CopyRows(static_cast<const float*>(x), hidden, rows, n_rows, static_cast<float*>(out));
   }
 

@@ -12,13 +12,13 @@ namespace conveyor::kernels {
 namespace internal {
 
 // Ignores the prefetch hint: a CPU without AVX-512 has other bottlenecks.
-void GemmPanelPortable(const float* x, int ldx, int m, const float* panel, int k,
-                       const float* bias, float* y, int ldy, int cols, const float* prefetch,
-                       int prefetch_lines) {
+void GemmPanelPortable(const float* x, int ldx, int m, const float* panel, int k, const float* bias,
+                       float* y, int ldy, int cols, const float* prefetch, int prefetch_lines) {
   for (int r = 0; r < m; ++r) {
     for (int j = 0; j < cols; ++j) {
       float acc = 0.0f;
-      for (int i = 0; i < k; ++i) acc = std::fma(x[r * ldx + i], panel[i * kGemmPanelWidth + j], acc);
+      for (int i = 0; i < k; ++i)
+        acc = std::fma(x[r * ldx + i], panel[i * kGemmPanelWidth + j], acc);
       y[static_cast<long>(r) * ldy + j] = bias != nullptr ? acc + bias[j] : acc;
     }
   }
@@ -66,13 +66,12 @@ void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int 
   const size_t panel_bytes = panel_floats * sizeof(float);
   // Panels a thread takes at once: enough to stay in L2 while every row tile of X
   // passes over them.
-  int64_t panels_per_chunk =
-      std::max<int64_t>(1, static_cast<int64_t>((512u << 10) / panel_bytes));
+  int64_t panels_per_chunk = std::max<int64_t>(1, static_cast<int64_t>((512u << 10) / panel_bytes));
   // ...but small enough that every thread gets several chunks: to balance the load, and
   // because a thread's first chunk cannot be prefetched (see run_chunk).
   if (pool != nullptr) {
-    panels_per_chunk = std::clamp<int64_t>(num_panels / (8 * pool->num_threads()), 1,
-                                           panels_per_chunk);
+    panels_per_chunk =
+        std::clamp<int64_t>(num_panels / (8 * pool->num_threads()), 1, panels_per_chunk);
   }
   const int64_t num_chunks = (num_panels + panels_per_chunk - 1) / panels_per_chunk;
   const int row_tiles = (m + internal::kGemmMaxRows - 1) / internal::kGemmMaxRows;
@@ -103,8 +102,8 @@ void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int 
         const int lines = r == 0 ? 0 : static_cast<int>(std::min(lines_per_call, prefetch_lines));
         kKernel(x + static_cast<size_t>(r) * ldx, ldx, rows,
                 packed + static_cast<size_t>(p) * panel_floats, k,
-                bias != nullptr ? bias + col : nullptr, y + static_cast<size_t>(r) * ldy + col,
-                ldy, std::min(kGemmPanelWidth, n - col), prefetch, lines);
+                bias != nullptr ? bias + col : nullptr, y + static_cast<size_t>(r) * ldy + col, ldy,
+                std::min(kGemmPanelWidth, n - col), prefetch, lines);
         prefetch += static_cast<size_t>(lines) * (64 / sizeof(float));
         prefetch_lines -= lines;
       }

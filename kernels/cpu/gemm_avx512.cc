@@ -63,23 +63,35 @@ void Kernel(const float* x, int ldx, const float* panel, int k, const float* bia
 
 }  // namespace
 
-void GemmPanelAvx512(const float* x, int ldx, int m, const float* panel, int k,
-                     const float* bias, float* y, int ldy, int cols, const float* prefetch,
-                     int prefetch_lines) {
+void GemmPanelAvx512(const float* x, int ldx, int m, const float* panel, int k, const float* bias,
+                     float* y, int ldy, int cols, const float* prefetch, int prefetch_lines) {
   switch (m) {
-    case 1: return Kernel<1>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 2: return Kernel<2>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 3: return Kernel<3>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 4: return Kernel<4>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 5: return Kernel<5>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 6: return Kernel<6>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 7: return Kernel<7>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 8: return Kernel<8>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 9: return Kernel<9>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 10: return Kernel<10>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 11: return Kernel<11>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    case 12: return Kernel<12>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
-    default: return;
+    case 1:
+      return Kernel<1>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 2:
+      return Kernel<2>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 3:
+      return Kernel<3>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 4:
+      return Kernel<4>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 5:
+      return Kernel<5>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 6:
+      return Kernel<6>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 7:
+      return Kernel<7>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 8:
+      return Kernel<8>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 9:
+      return Kernel<9>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 10:
+      return Kernel<10>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 11:
+      return Kernel<11>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    case 12:
+      return Kernel<12>(x, ldx, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    default:
+      return;
   }
 }
 

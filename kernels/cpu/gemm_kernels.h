@@ -13,11 +13,9 @@ using GemmPanelKernel = void (*)(const float* x, int ldx, int m, const float* pa
 
 inline constexpr int kGemmMaxRows = 12;
 
-void GemmPanelAvx512(const float* x, int ldx, int m, const float* panel, int k,
-                     const float* bias, float* y, int ldy, int cols, const float* prefetch,
-                     int prefetch_lines);
-void GemmPanelPortable(const float* x, int ldx, int m, const float* panel, int k,
-                       const float* bias, float* y, int ldy, int cols, const float* prefetch,
-                       int prefetch_lines);
+void GemmPanelAvx512(const float* x, int ldx, int m, const float* panel, int k, const float* bias,
+                     float* y, int ldy, int cols, const float* prefetch, int prefetch_lines);
+void GemmPanelPortable(const float* x, int ldx, int m, const float* panel, int k, const float* bias,
+                       float* y, int ldy, int cols, const float* prefetch, int prefetch_lines);
 
 }  // namespace conveyor::kernels::internal

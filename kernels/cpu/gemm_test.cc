@@ -98,8 +98,8 @@ TEST(GemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
   // The AVX-512 kernel also prefetches (here: the panel it reads), which must not matter.
   internal::GemmPanelAvx512(x.data(), k, m, packed.data, k, bias.data(), a.data(), n, n,
                             packed.data, 2 * k);
-  internal::GemmPanelPortable(x.data(), k, m, packed.data, k, bias.data(), b.data(), n, n,
-                              nullptr, 0);
+  internal::GemmPanelPortable(x.data(), k, m, packed.data, k, bias.data(), b.data(), n, n, nullptr,
+                              0);
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 

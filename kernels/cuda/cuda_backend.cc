@@ -87,7 +87,7 @@ class CudaBackendImpl final : public CudaBackend {
   void Free(void* ptr) override;
   void CopyToBackend(void* dst, const void* host_src, size_t bytes) override;
   void CopyActivationsToHost(float* host_dst, const void* src, size_t count) override;
-  void Synchronize() override;
+  absl::Status Synchronize() override;
 
   absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinear(const float* weight, int out_features,
                                                            int in_features,
@@ -253,10 +253,11 @@ void CudaBackendImpl::CopyActivationsToHost(float* host_dst, const void* src, si
   }
 }
 
-void CudaBackendImpl::Synchronize() {
+absl::Status CudaBackendImpl::Synchronize() {
   Activate();
   RecordCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   staging_used_ = 0;
+  return error_;
 }
 
 absl::StatusOr<void*> CudaBackendImpl::UploadConverted(const float* host, size_t count) {

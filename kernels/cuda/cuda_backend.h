@@ -3,10 +3,9 @@
 // kernel, GEMMs through cuBLASLt, everything else in this folder's own kernels. All
 // work is queued on one stream the backend owns.
 //
-// Errors. The Backend operations return nothing, so the backend records the first
-// failure of any call (a bad launch, an unsupported shape, a cuBLAS error, a fault
-// seen at Synchronize) and keeps it: read it with last_error() after Synchronize().
-// Allocate, PackLinear and the uploads return their errors directly.
+// Errors as kernels/backend.h describes: the first failure of any call (a bad launch, an
+// unsupported shape, a cuBLAS error, a fault seen at Synchronize) is kept and returned by
+// Synchronize() and last_error().
 //
 // Copies. CopyToBackend's source may be reused as soon as it returns (small copies are
 // staged through a pinned ring, large ones copied by the driver from pageable memory;
@@ -47,9 +46,6 @@ struct CudaBackendOptions {
 
 class CudaBackend : public Backend {
  public:
-  // The first error any call hit since the backend was made (OK if none). Sticky:
-  // a device fault leaves the CUDA context unusable, so the backend must be rebuilt.
-  virtual absl::Status last_error() const = 0;
   // The CUDA device ordinal the backend runs on.
   virtual int device() const = 0;
   virtual CudaComputeDtype dtype() const = 0;

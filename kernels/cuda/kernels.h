@@ -112,8 +112,8 @@ struct SampleRowParams {
   float frequency_penalty = 0.0f;
   int penalty_begin = 0;  // The row's entries [begin, end) of the penalty list.
   int penalty_end = 0;
-  int num_logprobs = 0;   // Top alternatives, at most kMaxSampleLogprobs.
-  int want_logprob = 0;   // The chosen token's log-probability.
+  int num_logprobs = 0;  // Top alternatives, at most kMaxSampleLogprobs.
+  int want_logprob = 0;  // The chosen token's log-probability.
   uint64_t seed = 0;
   uint64_t draw_index = 0;
 };
@@ -140,8 +140,8 @@ struct SampleRowResult {
 // batch).
 cudaError_t LaunchSamplePrepare(const void* logits, int rows, int layout_rows, int shard, int vocab,
                                 const SampleRowParams* params, const PenaltyEntry* penalties,
-                                float* work, int32_t* ids, float* row_lse,
-                                SampleRowResult* results, DType dtype, cudaStream_t stream);
+                                float* work, int32_t* ids, float* row_lse, SampleRowResult* results,
+                                DType dtype, cudaStream_t stream);
 // Stage 2: sorts segments [segment_begin[i], segment_end[i]) of keys (and ids with
 // them) descending, stably. With temp == nullptr, sets *temp_bytes to what it needs.
 cudaError_t SortRowsDescending(void* temp, size_t* temp_bytes, const float* keys_in,

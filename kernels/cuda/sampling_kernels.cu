@@ -240,7 +240,8 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x != 0) return;
     const int token = ids[index];
     result->token_id = token;
-    result->logprob = need_lse ? RawLogit(logits, layout_rows, shard, row, token) - row_lse[row] : 0.0f;
+    result->logprob =
+        need_lse ? RawLogit(logits, layout_rows, shard, row, token) - row_lse[row] : 0.0f;
   };
   if (max_logit == -INFINITY) {  // No distribution to draw from: greedy.
     finish(0);
@@ -280,8 +281,8 @@ __global__ void __launch_bounds__(kThreads)
   auto weight_d = [&](int i) { return static_cast<double>(weight_at(i)); };
   if (p.top_p < 1.0f) {
     double reached = 0.0;
-    const int end = FirstReaching(kept, static_cast<double>(p.top_p) * total, weight_d, scan,
-                                  &reached);
+    const int end =
+        FirstReaching(kept, static_cast<double>(p.top_p) * total, weight_d, scan, &reached);
     if (end < kept) {
       kept = end + 1;
       kept_total = reached;
@@ -298,14 +299,14 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t LaunchSamplePrepare(const void* logits, int rows, int layout_rows, int shard, int vocab,
                                 const SampleRowParams* params, const PenaltyEntry* penalties,
-                                float* work, int32_t* ids, float* row_lse,
-                                SampleRowResult* results, DType dtype, cudaStream_t stream) {
+                                float* work, int32_t* ids, float* row_lse, SampleRowResult* results,
+                                DType dtype, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   return DispatchDType(dtype, [&](auto t) {
     using T = decltype(t);
-    PrepareKernel<T><<<rows, kThreads, 0, stream>>>(static_cast<const T*>(logits), layout_rows, shard,
-                                                    vocab, params, penalties, work, ids, row_lse,
-                                                    results);
+    PrepareKernel<T><<<rows, kThreads, 0, stream>>>(static_cast<const T*>(logits), layout_rows,
+                                                    shard, vocab, params, penalties, work, ids,
+                                                    row_lse, results);
     return cudaGetLastError();
   });
 }
@@ -315,8 +316,8 @@ cudaError_t SortRowsDescending(void* temp, size_t* temp_bytes, const float* keys
                                int64_t num_items, int num_segments, const int32_t* segment_begin,
                                const int32_t* segment_end, cudaStream_t stream) {
   return cub::DeviceSegmentedSort::StableSortPairsDescending(
-      temp, *temp_bytes, keys_in, keys_out, ids_in, ids_out, num_items, num_segments,
-      segment_begin, segment_end, stream);
+      temp, *temp_bytes, keys_in, keys_out, ids_in, ids_out, num_items, num_segments, segment_begin,
+      segment_end, stream);
 }
 
 cudaError_t LaunchSampleDraw(const void* logits, int layout_rows, int shard, int vocab,
@@ -327,8 +328,8 @@ cudaError_t LaunchSampleDraw(const void* logits, int layout_rows, int shard, int
   if (num_draw <= 0) return cudaSuccess;
   return DispatchDType(dtype, [&](auto t) {
     using T = decltype(t);
-    DrawKernel<T><<<num_draw, kThreads, 0, stream>>>(static_cast<const T*>(logits), layout_rows, shard,
-                                                     vocab, params, draw_rows, sorted_logits,
+    DrawKernel<T><<<num_draw, kThreads, 0, stream>>>(static_cast<const T*>(logits), layout_rows,
+                                                     shard, vocab, params, draw_rows, sorted_logits,
                                                      sorted_ids, row_lse, results);
     return cudaGetLastError();
   });

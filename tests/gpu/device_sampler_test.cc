@@ -14,14 +14,15 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "worker/device_sampler.h"
-#include "worker/model.h"
-#include "worker/sampler.h"
+#include "model/cuda/cuda_device.h"
+#include "model/device_sampler.h"
+#include "model/model.h"
+#include "model/sampler.h"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 struct Case {
@@ -58,7 +59,7 @@ class DeviceSamplerTest : public ::testing::TestWithParam<int> {
     kernels::BackendBuffer owner(*device, kernels::BackendDeleter{backend_.get()});
     // What the device holds, as the host sampler will see it.
     backend_->CopyActivationsToHost(layout.data(), *device, layout.size());
-    backend_->Synchronize();
+    EXPECT_TRUE(backend_->Synchronize().ok());
 
     auto sampler = MakeCudaSampler(backend_.get(), vocab, rows + 3);
     EXPECT_TRUE(sampler.ok()) << sampler.status();
@@ -82,12 +83,12 @@ class DeviceSamplerTest : public ::testing::TestWithParam<int> {
         row[v] = layout[(static_cast<size_t>(v / shard) * rows + r) * shard + v % shard];
       }
       const Case& c = cases[r];
-      const SampleResult want = host.Sample(row, c.params, c.prompt, c.output,
-                                            c.output.size(), /*want_logprob=*/true);
-      SCOPED_TRACE(testing::Message() << "row " << r << " of vocab " << vocab << ", temperature "
-                                      << c.params.temperature << ", top_k " << c.params.top_k
-                                      << ", top_p " << c.params.top_p << ", min_p "
-                                      << c.params.min_p);
+      const SampleResult want =
+          host.Sample(row, c.params, c.prompt, c.output, c.output.size(), /*want_logprob=*/true);
+      SCOPED_TRACE(testing::Message()
+                   << "row " << r << " of vocab " << vocab << ", temperature "
+                   << c.params.temperature << ", top_k " << c.params.top_k << ", top_p "
+                   << c.params.top_p << ", min_p " << c.params.min_p);
       if (c.params.is_greedy()) {
         EXPECT_EQ(got[r].token_id, want.token_id);
       } else if (got[r].token_id != want.token_id) {
@@ -95,11 +96,9 @@ class DeviceSamplerTest : public ::testing::TestWithParam<int> {
       }
       EXPECT_GE(got[r].token_id, 0);
       EXPECT_LT(got[r].token_id, vocab);
-      EXPECT_NEAR(got[r].logprob, row[got[r].token_id] - (row[want.token_id] - want.logprob),
-                  1e-4);
+      EXPECT_NEAR(got[r].logprob, row[got[r].token_id] - (row[want.token_id] - want.logprob), 1e-4);
       EXPECT_EQ(got[r].top_logprobs.size(), want.top_logprobs.size());
-      for (size_t k = 0; k < std::min(want.top_logprobs.size(), got[r].top_logprobs.size());
-           ++k) {
+      for (size_t k = 0; k < std::min(want.top_logprobs.size(), got[r].top_logprobs.size()); ++k) {
         EXPECT_EQ(got[r].top_logprobs[k].token_id, want.top_logprobs[k].token_id);
         EXPECT_NEAR(got[r].top_logprobs[k].logprob, want.top_logprobs[k].logprob, 1e-4);
       }
@@ -120,13 +119,34 @@ std::vector<Case> MixedCases(int vocab, int count, uint64_t seed) {
     p.seed = rng();
     p.num_logprobs = i % 3 == 0 ? 5 : 0;
     switch (i % 8) {
-      case 0: p.temperature = 0.0f; break;
-      case 1: p.temperature = 1.0f; break;
-      case 2: p.temperature = 0.7f; p.top_k = 40; break;
-      case 3: p.temperature = 1.3f; p.top_p = 0.9f; break;
-      case 4: p.temperature = 1.0f; p.min_p = 0.05f; break;
-      case 5: p.temperature = 0.8f; p.top_k = 100; p.top_p = 0.8f; p.min_p = 0.01f; break;
-      case 6: p.temperature = 0.0f; p.repetition_penalty = 1.3f; break;
+      case 0:
+        p.temperature = 0.0f;
+        break;
+      case 1:
+        p.temperature = 1.0f;
+        break;
+      case 2:
+        p.temperature = 0.7f;
+        p.top_k = 40;
+        break;
+      case 3:
+        p.temperature = 1.3f;
+        p.top_p = 0.9f;
+        break;
+      case 4:
+        p.temperature = 1.0f;
+        p.min_p = 0.05f;
+        break;
+      case 5:
+        p.temperature = 0.8f;
+        p.top_k = 100;
+        p.top_p = 0.8f;
+        p.min_p = 0.01f;
+        break;
+      case 6:
+        p.temperature = 0.0f;
+        p.repetition_penalty = 1.3f;
+        break;
       case 7:
         p.temperature = 1.0f;
         p.repetition_penalty = 0.9f;
@@ -171,4 +191,4 @@ INSTANTIATE_TEST_SUITE_P(Vocab, DeviceSamplerTest, ::testing::Values(1000, 12825
                          [](const auto& info) { return "vocab" + std::to_string(info.param); });
 
 }  // namespace
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

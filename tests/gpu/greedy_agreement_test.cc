@@ -28,9 +28,10 @@
 #include "common/model_config.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "worker/direct_runner.h"
-#include "worker/kv_cache.h"
-#include "worker/model.h"
+#include "model/direct_runner.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "tests/support/random_weights.h"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -51,27 +52,27 @@ ModelConfig Preset(const char* name) {
 // A model on a backend with its KV cache and a runner.
 struct Instance {
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<worker::LlamaModel> model;
-  std::unique_ptr<worker::KvCache> cache;
-  std::unique_ptr<worker::DirectRunner> runner;
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<model::KvCache> cache;
+  std::unique_ptr<model::DirectRunner> runner;
 };
 
 Instance MakeInstance(std::unique_ptr<kernels::Backend> backend, const ModelConfig& config) {
   Instance in;
   in.backend = std::move(backend);
-  const auto weights = worker::MakeRandomWeightSource(11);
-  auto model = worker::LlamaModel::Create(config, *weights, in.backend.get());
+  const auto weights = testing::MakeRandomWeightSource(11);
+  auto model = model::LlamaModel::Create(config, *weights, in.backend.get());
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return in;
   in.model = std::move(*model);
   const int blocks_per_seq = (64 + kNewTokens + kBlockSize) / kBlockSize + 1;
-  auto cache = worker::KvCache::Create(in.backend.get(), config.num_layers,
-                                       in.model->local_num_kv_heads(), config.head_dim,
-                                       kBlockSize, kNumPrompts * blocks_per_seq);
+  auto cache =
+      model::KvCache::Create(in.backend.get(), config.num_layers, in.model->local_num_kv_heads(),
+                             config.head_dim, kBlockSize, kNumPrompts * blocks_per_seq);
   EXPECT_TRUE(cache.ok()) << cache.status();
   if (!cache.ok()) return in;
   in.cache = std::move(*cache);
-  in.runner = std::make_unique<worker::DirectRunner>(in.model.get(), in.cache.get());
+  in.runner = std::make_unique<model::DirectRunner>(in.model.get(), in.cache.get());
   return in;
 }
 
@@ -88,7 +89,7 @@ std::vector<std::vector<int32_t>> Prompts(int vocab) {
 }
 
 // Greedy continuations of every prompt, decoded as one batch.
-std::vector<std::vector<int32_t>> GreedyDecode(worker::DirectRunner* runner,
+std::vector<std::vector<int32_t>> GreedyDecode(model::DirectRunner* runner,
                                                const std::vector<std::vector<int32_t>>& prompts,
                                                int vocab) {
   runner->Clear();
@@ -101,7 +102,7 @@ std::vector<std::vector<int32_t>> GreedyDecode(worker::DirectRunner* runner,
     EXPECT_TRUE(rows.ok()) << rows.status();
     if (!rows.ok() || *rows != static_cast<int>(seqs.size())) return {};
     for (size_t i = 0; i < seqs.size(); ++i) {
-      const int next = worker::Argmax(std::span<const float>(logits).subspan(i * vocab, vocab));
+      const int next = model::Argmax(std::span<const float>(logits).subspan(i * vocab, vocab));
       outputs[i].push_back(next);
       runner->Append(seqs[i], next);
     }
@@ -111,7 +112,7 @@ std::vector<std::vector<int32_t>> GreedyDecode(worker::DirectRunner* runner,
 
 // Logits at every position of each full sequence, one pass each: [tokens, vocab] per seq.
 std::vector<std::vector<float>> TeacherForcedLogits(
-    worker::DirectRunner* runner, const std::vector<std::vector<int32_t>>& sequences) {
+    model::DirectRunner* runner, const std::vector<std::vector<int32_t>>& sequences) {
   runner->Clear();
   std::vector<std::vector<float>> out;
   for (const auto& seq : sequences) {
@@ -128,7 +129,7 @@ std::vector<std::vector<float>> TeacherForcedLogits(
 struct Agreement {
   int positions = 0;
   int agreeing = 0;
-  double logit_rel_error = 0;  // ‖test − ref‖ / ‖ref‖ over every compared position.
+  double logit_rel_error = 0;     // ‖test − ref‖ / ‖ref‖ over every compared position.
   double worst_disagreement = 0;  // Largest reference margin / logit spread at a miss.
   std::vector<int> first_divergence;  // Per prompt; kNewTokens if none.
 };
@@ -163,8 +164,8 @@ Agreement Compare(Instance& ref, Instance& test, const ModelConfig& config) {
         diff2 += (double(t[v]) - r[v]) * (double(t[v]) - r[v]);
         ref2 += double(r[v]) * r[v];
       }
-      const int ref_choice = worker::Argmax(r);
-      const int test_choice = worker::Argmax(t);
+      const int ref_choice = model::Argmax(r);
+      const int test_choice = model::Argmax(t);
       ++a.positions;
       if (ref_choice == test_choice) {
         ++a.agreeing;
@@ -173,9 +174,10 @@ Agreement Compare(Instance& ref, Instance& test, const ModelConfig& config) {
       const auto [lo, hi] = std::minmax_element(r.begin(), r.end());
       const double margin = (r[ref_choice] - r[test_choice]) / std::max(*hi - *lo, 1e-30f);
       a.worst_disagreement = std::max(a.worst_disagreement, margin);
-      std::printf("position %d of prompt %zu: reference %d (%.4f), test %d (%.4f in the "
-                  "reference), margin %.3g of the logit range\n",
-                  j, p, ref_choice, r[ref_choice], test_choice, r[test_choice], margin);
+      std::printf(
+          "position %d of prompt %zu: reference %d (%.4f), test %d (%.4f in the "
+          "reference), margin %.3g of the logit range\n",
+          j, p, ref_choice, r[ref_choice], test_choice, r[test_choice], margin);
     }
   }
   a.logit_rel_error = std::sqrt(diff2 / std::max(ref2, 1e-30));
@@ -186,10 +188,11 @@ void Report(const std::string& name, const Agreement& a) {
   std::string divergence;
   for (int d : a.first_divergence) divergence += " " + std::to_string(d);
   std::printf("first divergence per prompt (of %d tokens):%s\n", kNewTokens, divergence.c_str());
-  std::printf("[ METRIC   ] %s teacher_forced_agreement=%.4f positions=%d logit_rel_err=%.3g "
-              "worst_miss_margin=%.3g\n",
-              name.c_str(), a.positions ? double(a.agreeing) / a.positions : 0.0, a.positions,
-              a.logit_rel_error, a.worst_disagreement);
+  std::printf(
+      "[ METRIC   ] %s teacher_forced_agreement=%.4f positions=%d logit_rel_err=%.3g "
+      "worst_miss_margin=%.3g\n",
+      name.c_str(), a.positions ? double(a.agreeing) / a.positions : 0.0, a.positions,
+      a.logit_rel_error, a.worst_disagreement);
 }
 
 TEST(GreedyAgreementTest, CpuThreadCountsAgreeExactly) {

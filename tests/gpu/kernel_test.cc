@@ -111,7 +111,7 @@ class Buffers {
   std::vector<float> Read(const void* ptr, size_t count) {
     std::vector<float> host(count);
     backend_->CopyActivationsToHost(host.data(), ptr, count);
-    backend_->Synchronize();
+    EXPECT_TRUE(backend_->Synchronize().ok());
     return host;
   }
 
@@ -141,8 +141,7 @@ class CudaKernelTest : public ::testing::TestWithParam<DtypeParam> {
   }
   void TearDown() override {
     if (gpu_ == nullptr || !expect_no_error_) return;
-    gpu_->Synchronize();
-    EXPECT_TRUE(gpu_->last_error().ok()) << gpu_->last_error();
+    EXPECT_TRUE(gpu_->Synchronize().ok()) << gpu_->last_error();
   }
 
   float Round(float x) const {
@@ -599,8 +598,7 @@ TEST_P(CudaKernelTest, UnsupportedAttentionShapeIsRecorded) {
   shape.head_dim = 264;  // Over kMaxAttentionHeadDim.
   void* buffer = gpu.Poisoned(16 * 264 * 2);
   gpu_->PagedAttention(buffer, 2 * 264, batch, shape, KvLayer{buffer, buffer}, buffer);
-  gpu_->Synchronize();
-  EXPECT_EQ(gpu_->last_error().code(), absl::StatusCode::kInvalidArgument) << gpu_->last_error();
+  EXPECT_EQ(gpu_->Synchronize().code(), absl::StatusCode::kInvalidArgument) << gpu_->last_error();
 }
 
 TEST_P(CudaKernelTest, EmptyBatchesLaunchNothing) {
@@ -627,8 +625,7 @@ TEST_P(CudaKernelTest, EmptyBatchesLaunchNothing) {
   gpu_->SiluMul(buffer, 0, 64, buffer);
   gpu_->GatherRows(buffer, 64, ints, 0, buffer);
   gpu_->CopyActivationsToHost(nullptr, buffer, 0);
-  gpu_->Synchronize();
-  EXPECT_TRUE(gpu_->last_error().ok()) << gpu_->last_error();
+  EXPECT_TRUE(gpu_->Synchronize().ok()) << gpu_->last_error();
 }
 
 TEST_P(CudaKernelTest, FreeMemoryShrinksWhenAllocating) {

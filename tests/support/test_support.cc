@@ -49,18 +49,19 @@ std::unique_ptr<LocalWorker> LocalWorker::Create(const std::string& model_dir, i
                                                  int num_blocks, int block_size) {
   auto w = std::make_unique<LocalWorker>();
   w->backend = kernels::MakeCpuBackend(num_threads);
-  auto model = worker::LlamaModel::Load(model_dir, w->backend.get());
+  auto model = model::LlamaModel::Load(model_dir, w->backend.get());
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
   w->model = std::move(*model);
   const ModelConfig& c = w->model->config();
-  auto cache = worker::KvCache::Create(w->backend.get(), c.num_layers, c.num_kv_heads,
-                                       c.head_dim, block_size, num_blocks);
+  auto cache = model::KvCache::Create(w->backend.get(), c.num_layers, c.num_kv_heads, c.head_dim,
+                                      block_size, num_blocks);
   EXPECT_TRUE(cache.ok()) << cache.status();
   if (!cache.ok()) return nullptr;
   w->cache = std::move(*cache);
   w->engine = std::make_unique<worker::StepEngine>(w->model.get(), w->cache.get(),
                                                    worker::StepEngine::Options{});
+  w->engine->set_logits_tap(&w->logits);
   return w;
 }
 

@@ -8,9 +8,10 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "tests/support/logits_recorder.h"
 #include "worker/engine.h"
-#include "worker/kv_cache.h"
-#include "worker/model.h"
 
 namespace conveyor::testing {
 
@@ -32,9 +33,10 @@ Reference LoadReference(const std::string& variant);
 
 struct LocalWorker {
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<worker::LlamaModel> model;
-  std::unique_ptr<worker::KvCache> cache;
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<model::KvCache> cache;
   std::unique_ptr<worker::StepEngine> engine;
+  LogitsRecorder logits;  // The engine's logits tap.
 
   // Aborts the test (ASSERT) on failure.
   static std::unique_ptr<LocalWorker> Create(const std::string& model_dir, int num_threads,

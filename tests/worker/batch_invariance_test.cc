@@ -49,12 +49,12 @@ std::vector<Request> MakeRequests(int vocab) {
 
 int BlocksFor(int tokens) { return (tokens + kBlockSize - 1) / kBlockSize; }
 
-void Record(const worker::StepEngine& engine, const worker::v1::StepResponse& response,
+void Record(const LogitsRecorder& recorder, const worker::v1::StepResponse& response,
             std::map<uint64_t, Trace>* traces) {
   for (const worker::v1::SampledToken& t : response.tokens()) {
     Trace& trace = (*traces)[t.seq_id()];
     trace.tokens.push_back(t.token_id());
-    auto logits = engine.LastLogits(t.seq_id());
+    auto logits = recorder.Last(t.seq_id());
     trace.logits.emplace_back(logits.begin(), logits.end());
   }
 }
@@ -74,7 +74,7 @@ Trace RunAlone(const Request& request) {
   for (int i = 0; i < kNewTokens; ++i) {
     worker::v1::StepResponse response;
     EXPECT_TRUE(w->engine->Step(step, &response).ok());
-    Record(*w->engine, response, &traces);
+    Record(w->logits, response, &traces);
     step.Clear();
     auto* running = step.add_running();
     running->set_seq_id(1);
@@ -138,7 +138,7 @@ std::map<uint64_t, Trace> RunMixed(const std::vector<Request>& requests, uint32_
     }
     worker::v1::StepResponse response;
     EXPECT_TRUE(w->engine->Step(step, &response).ok());
-    Record(*w->engine, response, &traces);
+    Record(w->logits, response, &traces);
     for (const auto& t : response.tokens()) {
       Live& s = live[t.seq_id()];
       ++s.known;

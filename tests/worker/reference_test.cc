@@ -29,7 +29,7 @@ TEST_P(ReferenceTest, LogitsAtEveryPromptPositionMatch) {
   for (size_t p = 0; p < ref.prompts.size(); ++p) {
     const std::vector<int32_t>& prompt = ref.prompts[p];
     const int n = static_cast<int>(prompt.size());
-    worker::ForwardBatch batch;
+    model::ForwardBatch batch;
     batch.token_ids = prompt;
     batch.token_seq.assign(n, 0);
     batch.token_pos.resize(n);

@@ -138,7 +138,7 @@ TEST_F(StepValidationTest, BeyondModelContext) {
 TEST_F(StepValidationTest, StepLimits) {
   worker::StepEngine::Options options;
   options.max_step_tokens = 8;
-  options.max_step_sequences = 2;
+  options.max_num_seqs = 2;
   worker::StepEngine engine(w_->model.get(), w_->cache.get(), options);
   StepResponse response;
   StepRequest step;

@@ -19,10 +19,12 @@
 
 #include "conveyor.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "model/communicator.h"
+#include "tests/support/random_weights.h"
+#include "tests/support/scheduler_context.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 #include "worker.grpc.pb.h"
-#include "worker/communicator.h"
 #include "worker/gloo_communicator.h"
 
 namespace conveyor::testing {
@@ -115,14 +117,15 @@ std::vector<wv1::StepRequest> GreedySteps(const std::vector<std::vector<int32_t>
 // One rank: a one-thread CPU backend, its communicator, model shard, KV cache and engine.
 struct Rank {
   std::unique_ptr<kernels::Backend> backend;
-  std::unique_ptr<worker::Communicator> comm;
-  std::unique_ptr<worker::LlamaModel> model;
-  std::unique_ptr<worker::KvCache> cache;
+  std::unique_ptr<model::Communicator> comm;
+  std::unique_ptr<model::LlamaModel> model;
+  std::unique_ptr<model::KvCache> cache;
   std::unique_ptr<worker::StepEngine> engine;
+  LogitsRecorder logits;  // The engine's logits tap.
 };
 
-using ModelFactory = std::function<absl::StatusOr<std::unique_ptr<worker::LlamaModel>>(
-    kernels::Backend*, worker::Communicator*)>;
+using ModelFactory = std::function<absl::StatusOr<std::unique_ptr<model::LlamaModel>>(
+    kernels::Backend*, model::Communicator*)>;
 
 // `world` ranks of the model `make_model` builds, connected over Gloo on loopback when
 // `world` > 1. Fails the test (returns fewer ranks) on error.
@@ -131,12 +134,12 @@ std::vector<std::unique_ptr<Rank>> MakeGroup(int world, const ModelFactory& make
   std::vector<std::unique_ptr<Rank>> ranks(world);
   for (auto& rank : ranks) rank = std::make_unique<Rank>();
   if (world == 1) {
-    ranks[0]->comm = worker::MakeSingleRankCommunicator();
+    ranks[0]->comm = model::MakeSingleRankCommunicator();
   } else {
     auto store = worker::GlooRendezvousServer::Start("127.0.0.1");
     EXPECT_TRUE(store.ok()) << store.status();
     if (!store.ok()) return {};
-    std::vector<absl::StatusOr<std::unique_ptr<worker::Communicator>>> comms(world);
+    std::vector<absl::StatusOr<std::unique_ptr<model::Communicator>>> comms(world);
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
@@ -160,16 +163,16 @@ std::vector<std::unique_ptr<Rank>> MakeGroup(int world, const ModelFactory& make
     rank.model = *std::move(model);
     const ModelConfig& c = rank.model->config();
     EXPECT_EQ(rank.model->local_num_kv_heads() * world, c.num_kv_heads);
-    auto cache = worker::KvCache::Create(rank.backend.get(), c.num_layers,
-                                         rank.model->local_num_kv_heads(), c.head_dim,
-                                         kBlockSize, num_blocks);
+    auto cache =
+        model::KvCache::Create(rank.backend.get(), c.num_layers, rank.model->local_num_kv_heads(),
+                               c.head_dim, kBlockSize, num_blocks);
     EXPECT_TRUE(cache.ok()) << cache.status();
     if (!cache.ok()) return {};
     rank.cache = *std::move(cache);
     worker::StepEngine::Options options;
     options.tp_rank = r;
-    rank.engine = std::make_unique<worker::StepEngine>(rank.model.get(), rank.cache.get(),
-                                                       options);
+    rank.engine = std::make_unique<worker::StepEngine>(rank.model.get(), rank.cache.get(), options);
+    rank.engine->set_logits_tap(&rank.logits);
   }
   return ranks;
 }
@@ -182,8 +185,7 @@ wv1::StepResponse StepAll(const std::vector<std::unique_ptr<Rank>>& ranks,
   std::vector<absl::Status> statuses(ranks.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < ranks.size(); ++r) {
-    threads.emplace_back(
-        [&, r] { statuses[r] = ranks[r]->engine->Step(request, &responses[r]); });
+    threads.emplace_back([&, r] { statuses[r] = ranks[r]->engine->Step(request, &responses[r]); });
   }
   for (std::thread& t : threads) t.join();
   for (size_t r = 0; r < ranks.size(); ++r) {
@@ -209,7 +211,7 @@ struct LogitDiff {
 // `prompts` and compares: the same tokens, the same logits on every rank of the group,
 // and logits within tolerance of one rank's.
 LogitDiff CompareShardedLogits(int world, const ModelFactory& make_model,
-                            const std::vector<std::vector<int32_t>>& prompts) {
+                               const std::vector<std::vector<int32_t>>& prompts) {
   int num_blocks = 0;
   const std::vector<wv1::StepRequest> steps =
       GreedySteps(prompts, kDecodeSteps, /*num_logprobs=*/0, &num_blocks);
@@ -226,12 +228,12 @@ LogitDiff CompareShardedLogits(int world, const ModelFactory& make_model,
       const uint64_t seq = expected.tokens(i).seq_id();
       EXPECT_EQ(actual.tokens(i).token_id(), expected.tokens(i).token_id())
           << "sequence " << seq << ", step " << step.step_id();
-      const std::span<const float> want = single[0]->engine->LastLogits(seq);
-      const std::span<const float> got = group[0]->engine->LastLogits(seq);
+      const std::span<const float> want = single[0]->logits.Last(seq);
+      const std::span<const float> got = group[0]->logits.Last(seq);
       EXPECT_EQ(got.size(), static_cast<size_t>(vocab));
       if (got.size() != want.size()) continue;
       for (int r = 1; r < world; ++r) {
-        const std::span<const float> other = group[r]->engine->LastLogits(seq);
+        const std::span<const float> other = group[r]->logits.Last(seq);
         EXPECT_TRUE(std::equal(got.begin(), got.end(), other.begin(), other.end()))
             << "ranks 0 and " << r << " hold different logits for sequence " << seq;
       }
@@ -251,8 +253,8 @@ TEST_P(TpShardingTest, TwoRanksGiveTheLogitsOfOne) {
   const std::string dir = ModelDir(GetParam());
   const LogitDiff diff = CompareShardedLogits(
       2,
-      [&](kernels::Backend* backend, worker::Communicator* comm) {
-        return worker::LlamaModel::Load(dir, backend, comm);
+      [&](kernels::Backend* backend, model::Communicator* comm) {
+        return model::LlamaModel::Load(dir, backend, comm);
       },
       Prompts(GetParam()));
   std::printf("%s: max |logit(TP=2) - logit(TP=1)| = %.3g (%.3g of the largest |logit|)\n",
@@ -277,18 +279,18 @@ TEST(TpShardingRandomTest, ThreeRanksWithPaddedVocabularyGiveTheLogitsOfOne) {
   c.max_context_tokens = 256;
   c.rms_norm_eps = 1e-5f;
   c.tie_word_embeddings = true;
-  const auto weights = worker::MakeRandomWeightSource(7);
-  const LogitDiff diff = CompareShardedLogits(
-      3,
-      [&](kernels::Backend* backend, worker::Communicator* comm) {
-        return worker::LlamaModel::Create(c, *weights, backend, comm);
-      },
-      {{1, 5, 99, 42, 66, 67, 3}, {98, 97}, {34}});
+  const auto weights = testing::MakeRandomWeightSource(7);
+  const LogitDiff diff =
+      CompareShardedLogits(3,
+                           [&](kernels::Backend* backend, model::Communicator* comm) {
+                             return model::LlamaModel::Create(c, *weights, backend, comm);
+                           },
+                           {{1, 5, 99, 42, 66, 67, 3}, {98, 97}, {34}});
   std::printf("random weights: max |logit(TP=3) - logit(TP=1)| = %.3g\n", diff.absolute);
 }
 
 // Claims a world size without connecting anyone: enough for the shape checks.
-class UnconnectedCommunicator final : public worker::Communicator {
+class UnconnectedCommunicator final : public model::Communicator {
  public:
   explicit UnconnectedCommunicator(int world) : world_(world) {}
   int rank() const override { return 0; }
@@ -303,7 +305,7 @@ class UnconnectedCommunicator final : public worker::Communicator {
 TEST(TpShardingRandomTest, HeadsThatDoNotDivideAreInvalidArgument) {
   auto backend = kernels::MakeCpuBackend(1);
   UnconnectedCommunicator three(3);
-  const auto model = worker::LlamaModel::Load(TestModelDir("llama3_gqa"), backend.get(), &three);
+  const auto model = model::LlamaModel::Load(TestModelDir("llama3_gqa"), backend.get(), &three);
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(model.status().message().find("num_attention_heads"), std::string::npos)
@@ -321,8 +323,8 @@ struct WorkerProcess {
 
 std::unique_ptr<WorkerProcess> StartWorker() {
   auto w = std::make_unique<WorkerProcess>();
-  auto process = Subprocess::Start({WorkerBinary(), "--port=0", "--metrics_port=0",
-                                    "--threads=1", "--log_level=warn"});
+  auto process = Subprocess::Start(
+      {WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=1", "--log_level=warn"});
   EXPECT_TRUE(process.has_value());
   if (!process) return nullptr;
   w->process.emplace(std::move(*process));
@@ -331,8 +333,8 @@ std::unique_ptr<WorkerProcess> StartWorker() {
   if (!line) return nullptr;
   w->process->DrainStdout();
   w->address = "127.0.0.1:" + std::to_string(PortFromListeningLine(*line));
-  w->stub = wv1::Worker::NewStub(
-      grpc::CreateChannel(w->address, grpc::InsecureChannelCredentials()));
+  w->stub =
+      wv1::Worker::NewStub(grpc::CreateChannel(w->address, grpc::InsecureChannelCredentials()));
   return w;
 }
 
@@ -344,7 +346,7 @@ std::vector<grpc::Status> OnAll(const std::vector<std::unique_ptr<WorkerProcess>
   std::vector<std::thread> threads;
   for (size_t r = 0; r < workers.size(); ++r) {
     threads.emplace_back([&, r] {
-      grpc::ClientContext context;
+      SchedulerContext context;
       context.set_deadline(std::chrono::system_clock::now() + 120s);
       statuses[r] = call(static_cast<int>(r), *workers[r]->stub, &context);
     });
@@ -360,7 +362,7 @@ std::vector<wv1::InitRequest> InitGroup(const std::vector<std::unique_ptr<Worker
                                         std::vector<wv1::InitResponse>* responses) {
   wv1::CreateCollectiveIdResponse id;
   {
-    grpc::ClientContext context;
+    SchedulerContext context;
     const grpc::Status status =
         workers[0]->stub->CreateCollectiveId(&context, wv1::CreateCollectiveIdRequest(), &id);
     EXPECT_TRUE(status.ok()) << status.error_message();
@@ -375,10 +377,10 @@ std::vector<wv1::InitRequest> InitGroup(const std::vector<std::unique_ptr<Worker
     requests[r].set_kv_cache_bytes(16 << 20);
   }
   responses->resize(workers.size());
-  const auto statuses = OnAll(workers, [&](int r, wv1::Worker::Stub& stub,
-                                           grpc::ClientContext* context) {
-    return stub.Init(context, requests[r], &(*responses)[r]);
-  });
+  const auto statuses =
+      OnAll(workers, [&](int r, wv1::Worker::Stub& stub, grpc::ClientContext* context) {
+        return stub.Init(context, requests[r], &(*responses)[r]);
+      });
   for (size_t r = 0; r < workers.size(); ++r) {
     EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r].error_message();
   }
@@ -408,7 +410,7 @@ TEST_P(TpWorkerProcessTest, TwoWorkersGiveTheTokensAndLogprobsOfOne) {
     ASSERT_NE(workers.back(), nullptr);
   }
   std::vector<wv1::InitResponse> inits;
-  const std::vector<wv1::InitRequest> init_requests = InitGroup(workers, dir, &inits);
+  std::vector<wv1::InitRequest> init_requests = InitGroup(workers, dir, &inits);
   ASSERT_FALSE(HasFailure());
   EXPECT_GE(inits[0].num_kv_blocks(), num_blocks);
   const auto single = LocalWorker::Create(dir, 1, num_blocks, kBlockSize);
@@ -419,10 +421,10 @@ TEST_P(TpWorkerProcessTest, TwoWorkersGiveTheTokensAndLogprobsOfOne) {
     wv1::StepResponse expected;
     ASSERT_TRUE(single->engine->Step(step, &expected).ok());
     std::vector<wv1::StepResponse> responses(workers.size());
-    const auto statuses = OnAll(workers, [&](int r, wv1::Worker::Stub& stub,
-                                             grpc::ClientContext* context) {
-      return stub.Step(context, step, &responses[r]);
-    });
+    const auto statuses =
+        OnAll(workers, [&](int r, wv1::Worker::Stub& stub, grpc::ClientContext* context) {
+          return stub.Step(context, step, &responses[r]);
+        });
     for (size_t r = 0; r < workers.size(); ++r) {
       ASSERT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r].error_message();
     }
@@ -432,7 +434,7 @@ TEST_P(TpWorkerProcessTest, TwoWorkersGiveTheTokensAndLogprobsOfOne) {
       const wv1::SampledToken& want = expected.tokens(i);
       const wv1::SampledToken& got = responses[0].tokens(i);
       EXPECT_EQ(got.token_id(), want.token_id()) << "sequence " << want.seq_id();
-      const double scale = LogitScale(single->engine->LastLogits(want.seq_id()));
+      const double scale = LogitScale(single->logits.Last(want.seq_id()));
       diff.Add(std::abs(static_cast<double>(got.logprob()) - want.logprob()), scale);
       const std::vector<float> got_top = SortedLogprobs(got);
       const std::vector<float> want_top = SortedLogprobs(want);
@@ -444,25 +446,26 @@ TEST_P(TpWorkerProcessTest, TwoWorkersGiveTheTokensAndLogprobsOfOne) {
     }
   }
   EXPECT_LE(diff.relative, kRelativeLogitTolerance);
-  std::printf("%s: max |logprob(TP=2 processes) - logprob(TP=1)| = %.3g (%.3g of the largest "
-              "|logit|)\n",
-              GetParam().c_str(), diff.absolute, diff.relative);
+  std::printf(
+      "%s: max |logprob(TP=2 processes) - logprob(TP=1)| = %.3g (%.3g of the largest "
+      "|logit|)\n",
+      GetParam().c_str(), diff.absolute, diff.relative);
 
-  // A restarted scheduler gets the same id from rank 0 and repeats the same Inits: they
-  // answer as before and drop every sequence.
+  // A recovering (or restarted) scheduler asks rank 0 for a new id and initialises every
+  // rank with it again: the group forms anew and answers as before.
   {
-    grpc::ClientContext context;
+    SchedulerContext context;
     wv1::CreateCollectiveIdResponse id;
     ASSERT_TRUE(
-        workers[0]->stub->CreateCollectiveId(&context, wv1::CreateCollectiveIdRequest(), &id)
-            .ok());
-    EXPECT_EQ(id.collective_id(), init_requests[0].collective_id());
+        workers[0]->stub->CreateCollectiveId(&context, wv1::CreateCollectiveIdRequest(), &id).ok());
+    EXPECT_NE(id.collective_id(), init_requests[0].collective_id());
+    for (wv1::InitRequest& request : init_requests) request.set_collective_id(id.collective_id());
   }
   std::vector<wv1::InitResponse> again(workers.size());
-  const auto statuses = OnAll(workers, [&](int r, wv1::Worker::Stub& stub,
-                                           grpc::ClientContext* context) {
-    return stub.Init(context, init_requests[r], &again[r]);
-  });
+  const auto statuses =
+      OnAll(workers, [&](int r, wv1::Worker::Stub& stub, grpc::ClientContext* context) {
+        return stub.Init(context, init_requests[r], &again[r]);
+      });
   for (size_t r = 0; r < workers.size(); ++r) {
     ASSERT_TRUE(statuses[r].ok()) << statuses[r].error_message();
     EXPECT_EQ(again[r].num_kv_blocks(), inits[r].num_kv_blocks());
@@ -478,7 +481,7 @@ TEST(TpWorkerProcessErrorsTest, InitWithoutAValidCollectiveIdIsRefused) {
   request.set_model_path(TestModelDir("llama3_gqa"));
   request.set_tp_world_size(2);
   {
-    grpc::ClientContext context;
+    SchedulerContext context;
     wv1::InitResponse response;
     const grpc::Status status = worker->stub->Init(&context, request, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -488,7 +491,7 @@ TEST(TpWorkerProcessErrorsTest, InitWithoutAValidCollectiveIdIsRefused) {
   {
     // Rank 0 accepts only the id it created.
     request.set_collective_id("gloo:127.0.0.1:1");
-    grpc::ClientContext context;
+    SchedulerContext context;
     wv1::InitResponse response;
     EXPECT_EQ(worker->stub->Init(&context, request, &response).error_code(),
               grpc::StatusCode::FAILED_PRECONDITION);
@@ -497,7 +500,7 @@ TEST(TpWorkerProcessErrorsTest, InitWithoutAValidCollectiveIdIsRefused) {
     // Another rank is told when the id is of another backend's kind.
     request.set_tp_rank(1);
     request.set_collective_id("nccl:0123");
-    grpc::ClientContext context;
+    SchedulerContext context;
     wv1::InitResponse response;
     const grpc::Status status = worker->stub->Init(&context, request, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -513,10 +516,10 @@ TEST(TpWorkerProcessErrorsTest, InitWithoutAValidCollectiveIdIsRefused) {
 std::vector<std::vector<int>> GenerateThroughScheduler(
     const std::string& workers, const std::vector<std::vector<int32_t>>& prompts,
     int expected_tp_size) {
-  auto process = Subprocess::Start({SchedulerBinary(), "--port=0", "--metrics_port=0",
-                                    "--model=" + TestModelDir("llama3_gqa"),
-                                    "--workers=" + workers, "--block_size=4",
-                                    "--log_level=warn"});
+  auto process =
+      Subprocess::Start({SchedulerBinary(), "--port=0", "--metrics_port=0",
+                         "--model=" + TestModelDir("llama3_gqa"), "--workers=" + workers,
+                         "--block_size=4", "--log_level=warn", "--scheduler_id=tp-test-scheduler"});
   EXPECT_TRUE(process.has_value());
   if (!process) return {};
   const auto line = process->WaitForLine("listening on", 30s);
@@ -528,7 +531,7 @@ std::vector<std::vector<int>> GenerateThroughScheduler(
                           grpc::InsecureChannelCredentials()));
   v1::ModelInfoResponse info;
   for (int i = 0; i < 600; ++i) {
-    grpc::ClientContext context;
+    SchedulerContext context;
     if (stub->GetModelInfo(&context, v1::ModelInfoRequest(), &info).ok()) break;
     std::this_thread::sleep_for(50ms);
   }
@@ -541,7 +544,7 @@ std::vector<std::vector<int>> GenerateThroughScheduler(
     request.set_max_new_tokens(12);
     request.set_temperature(0);
     request.set_ignore_eos(true);
-    grpc::ClientContext context;
+    SchedulerContext context;
     context.set_deadline(std::chrono::system_clock::now() + 60s);
     auto reader = stub->Generate(&context, request);
     std::vector<int> tokens;

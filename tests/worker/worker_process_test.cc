@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "gtest/gtest.h"
+#include "tests/support/scheduler_context.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 #include "worker.grpc.pb.h"
@@ -16,7 +17,8 @@ namespace v1 = worker::v1;
 class WorkerProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto process = Subprocess::Start({WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=2"});
+    auto process =
+        Subprocess::Start({WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=2"});
     ASSERT_TRUE(process.has_value());
     process_.emplace(std::move(*process));
     const auto line = process_->WaitForLine("listening on", 30s);
@@ -30,7 +32,7 @@ class WorkerProcessTest : public ::testing::Test {
   }
 
   grpc::Status Call(const v1::StepRequest& request, v1::StepResponse* response) {
-    grpc::ClientContext context;
+    SchedulerContext context;
     context.set_deadline(std::chrono::system_clock::now() + 30s);
     return stub_->Step(&context, request, response);
   }
@@ -41,7 +43,7 @@ class WorkerProcessTest : public ::testing::Test {
 
 TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
   {
-    grpc::ClientContext context;
+    SchedulerContext context;
     v1::StepRequest request;
     v1::StepResponse response;
     EXPECT_EQ(stub_->Step(&context, request, &response).error_code(),
@@ -53,7 +55,7 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
   init_request.set_block_size(16);
   init_request.set_kv_cache_bytes(8 << 20);
   {
-    grpc::ClientContext context;
+    SchedulerContext context;
     ASSERT_TRUE(stub_->Init(&context, init_request, &init).ok());
   }
   EXPECT_GT(init.num_kv_blocks(), 0);
@@ -96,7 +98,7 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
   EXPECT_EQ(generated, ref.greedy.back());
 
   {
-    grpc::ClientContext context;
+    SchedulerContext context;
     v1::HealthRequest request;
     v1::HealthResponse health;
     ASSERT_TRUE(stub_->Health(&context, request, &health).ok());
@@ -104,7 +106,7 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
     EXPECT_EQ(health.num_sequences(), 1);
   }
   {
-    grpc::ClientContext context;
+    SchedulerContext context;
     v1::InitRequest request;
     request.set_model_path(TestModelDir("llama3_gqa"));
     v1::InitResponse again;
@@ -113,7 +115,7 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
   }
   {
     // A restarted scheduler repeats the same Init: same answer, sequences dropped.
-    grpc::ClientContext context;
+    SchedulerContext context;
     v1::InitResponse again;
     ASSERT_TRUE(stub_->Init(&context, init_request, &again).ok());
     EXPECT_EQ(again.num_kv_blocks(), init.num_kv_blocks());
@@ -123,7 +125,7 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
     EXPECT_EQ(health.num_sequences(), 0);
   }
   {
-    grpc::ClientContext context;
+    SchedulerContext context;
     v1::ShutdownRequest request;
     v1::ShutdownResponse response;
     ASSERT_TRUE(stub_->Shutdown(&context, request, &response).ok());
@@ -132,7 +134,7 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
 }
 
 TEST_F(WorkerProcessTest, InitErrorsNameTheProblem) {
-  grpc::ClientContext context;
+  SchedulerContext context;
   v1::InitRequest request;
   request.set_model_path(TestDataDir() + "/no_such_model");
   v1::InitResponse response;

@@ -11,9 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "worker/communicator.h"
+#include "model/communicator.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 // A fresh collective id for one NCCL communicator.
 absl::StatusOr<std::string> CreateNcclCollectiveId();
@@ -21,9 +21,9 @@ absl::StatusOr<std::string> CreateNcclCollectiveId();
 // Joins `rank` of `world_size` to the communicator `collective_id` names, on `backend`'s
 // device, reducing activations of `dtype` (the backend's compute dtype). Blocks until
 // every rank has joined. `backend` must outlive the communicator.
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(std::string_view collective_id,
-                                                          int rank, int world_size,
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(std::string_view collective_id, int rank,
+                                                          int world_size,
                                                           kernels::CudaBackend* backend,
                                                           kernels::CudaComputeDtype dtype);
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

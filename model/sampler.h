@@ -9,21 +9,11 @@
 #include <span>
 #include <vector>
 
-namespace conveyor::worker {
+#include "common/sampling_params.h"
 
-struct SamplingParams {
-  float temperature = 1.0f;  // 0: greedy.
-  int top_k = 0;             // 0: off.
-  float top_p = 1.0f;        // 1: off.
-  float min_p = 0.0f;        // 0: off.
-  float repetition_penalty = 1.0f;  // 1: off. HF semantics over prompt + output tokens.
-  float presence_penalty = 0.0f;    // 0: off. OpenAI semantics over output tokens.
-  float frequency_penalty = 0.0f;   // 0: off. OpenAI semantics over output tokens.
-  uint64_t seed = 0;
-  int num_logprobs = 0;  // Top alternatives to report; 0: none.
+namespace conveyor::model {
 
-  bool is_greedy() const { return temperature == 0.0f; }
-};
+using conveyor::SamplingParams;
 
 struct TokenLogprob {
   int token_id = 0;
@@ -55,14 +45,14 @@ class Sampler {
 
  private:
   int vocab_size_;
-  std::vector<float> log_softmax_;    // Scratch: raw distribution for logprobs.
-  std::vector<int> candidates_;       // Scratch: token ids sorted by logit.
-  std::vector<float> probs_;          // Scratch.
-  std::vector<int> output_counts_;    // Scratch: occurrences per token in the output.
-  std::vector<uint8_t> seen_;         // Scratch: token appears in prompt or output.
+  std::vector<float> log_softmax_;  // Scratch: raw distribution for logprobs.
+  std::vector<int> candidates_;     // Scratch: token ids sorted by logit.
+  std::vector<float> probs_;        // Scratch.
+  std::vector<int> output_counts_;  // Scratch: occurrences per token in the output.
+  std::vector<uint8_t> seen_;       // Scratch: token appears in prompt or output.
 };
 
 // A uniform number in [0, 1) that depends only on (seed, index).
 double UniformFromCounter(uint64_t seed, uint64_t index);
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

@@ -1,25 +1,24 @@
-#include "worker/kv_cache.h"
+#include "model/kv_cache.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 size_t KvCache::BytesPerBlock(int num_layers, int num_kv_heads, int head_dim, int block_size,
                               size_t element_bytes) {
   return 2ull * num_layers * num_kv_heads * head_dim * block_size * element_bytes;
 }
 
-absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(kernels::Backend* backend,
-                                                         int num_layers, int num_kv_heads,
-                                                         int head_dim, int block_size,
-                                                         int num_blocks) {
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(kernels::Backend* backend, int num_layers,
+                                                         int num_kv_heads, int head_dim,
+                                                         int block_size, int num_blocks) {
   if (num_blocks <= 0) {
     return absl::ResourceExhaustedError(
         "the KV-cache budget does not hold a single block; raise kv_cache_bytes");
   }
   std::unique_ptr<KvCache> cache(new KvCache(backend, block_size, num_blocks));
-  const size_t slab_bytes = static_cast<size_t>(num_blocks) * block_size * num_kv_heads *
-                            head_dim * backend->activation_bytes();
+  const size_t slab_bytes = static_cast<size_t>(num_blocks) * block_size * num_kv_heads * head_dim *
+                            backend->activation_bytes();
   for (int i = 0; i < num_layers; ++i) {
     kernels::KvLayer layer;
     auto k = backend->Allocate(slab_bytes);
@@ -44,4 +43,4 @@ KvCache::~KvCache() {
   }
 }
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

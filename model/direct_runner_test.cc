@@ -2,7 +2,8 @@
 // prefill, batching and block handling must not change what the model computes (the CPU
 // backend is batch invariant, so "the same" means the same bits), and running out of
 // blocks is an error, not a crash.
-#include "worker/direct_runner.h"
+#include "model/direct_runner.h"
+#include "tests/support/random_weights.h"
 
 #include <memory>
 #include <vector>
@@ -10,10 +11,10 @@
 #include "common/model_config.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "worker/kv_cache.h"
-#include "worker/model.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 class DirectRunnerTest : public ::testing::Test {
@@ -23,7 +24,7 @@ class DirectRunnerTest : public ::testing::Test {
     ASSERT_TRUE(config.ok());
     config_ = *config;
     backend_ = kernels::MakeCpuBackend(1);
-    auto model = LlamaModel::Create(config_, *MakeRandomWeightSource(3), backend_.get());
+    auto model = LlamaModel::Create(config_, *testing::MakeRandomWeightSource(3), backend_.get());
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     auto cache = KvCache::Create(backend_.get(), config_.num_layers, model_->local_num_kv_heads(),
@@ -98,4 +99,4 @@ TEST_F(DirectRunnerTest, RunningOutOfBlocksIsResourceExhausted) {
 }
 
 }  // namespace
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 class Communicator {
  public:
@@ -48,4 +48,4 @@ inline constexpr std::string_view kNcclIdPrefix = "nccl:";
 absl::StatusOr<std::string_view> CollectiveIdPayload(std::string_view collective_id,
                                                      std::string_view prefix);
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

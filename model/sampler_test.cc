@@ -1,4 +1,4 @@
-#include "worker/sampler.h"
+#include "model/sampler.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -654,4 +654,4 @@ TEST(SamplerTest, DegenerateSettingsKeepOnlyTheMostLikelyToken) {
 }
 
 }  // namespace
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

@@ -23,10 +23,10 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "kernels/backend.h"
-#include "worker/communicator.h"
-#include "worker/kv_cache.h"
+#include "model/communicator.h"
+#include "model/kv_cache.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 // One step's tokens, flattened. Host memory; the model copies it to the backend.
 struct ForwardBatch {
@@ -59,8 +59,8 @@ struct DeviceLogits {
   int layout_rows = 0;
 };
 
-// Where a model's tensors come from: a checkpoint, or (for benchmarks of shapes we
-// cannot ship) deterministic random values.
+// Where a model's tensors come from: a checkpoint, or (for tests and benchmarks of shapes
+// we cannot ship: tests/support/random_weights.h) deterministic random values.
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -73,12 +73,6 @@ class WeightSource {
   virtual absl::Status ReadF32Slice(const std::string& name, const std::vector<int64_t>& shape,
                                     int dim, int64_t begin, int64_t end, float* out) const = 0;
 };
-
-// Random weights with the scales of tests/model_gen (uniform: embeddings of variance 1,
-// an untied LM head of variance 16/hidden, projections of variance 1/fan_in, norms
-// 1 ± 0.1, biases ± 0.1), the same for the same seed and tensor name. It has every
-// tensor, lm_head.weight included: the config's tie_word_embeddings decides.
-std::unique_ptr<WeightSource> MakeRandomWeightSource(uint64_t seed);
 
 class LlamaModel {
  public:
@@ -101,10 +95,12 @@ class LlamaModel {
   // Runs `batch` through the model, writing each token's K/V into `cache`, and copies
   // the logits of batch.logit_rows to `logits` (host, [logit_rows.size(), vocab_size]).
   // The caller has validated ids, positions and slots. Every rank must run the same
-  // batch (the collectives pair up in order); every rank gets the full logits.
+  // batch (the collectives pair up in order); every rank gets the full logits. A device
+  // error (kernels/backend.h) is returned, naming the operation that failed.
   absl::Status Forward(const ForwardBatch& batch, const KvCache& cache, float* logits);
   // Forward without the copy: the logits stay in backend memory, for a sampler that runs
-  // there. The work may still be queued when it returns.
+  // there. The work may still be queued when it returns: a fault of it shows at the
+  // backend's next Synchronize (errors recorded while queueing are returned here).
   absl::StatusOr<DeviceLogits> ForwardToDevice(const ForwardBatch& batch, const KvCache& cache);
 
   // Allocates the activation buffers for steps of up to `max_tokens` tokens and
@@ -174,7 +170,7 @@ class LlamaModel {
   int reserved_metadata_ints_ = 0;
   kernels::BackendBuffer residual_, normed_, qkv_, attention_, projected_, gate_up_, mlp_;
   kernels::BackendBuffer final_rows_;
-  kernels::BackendBuffer logits_;  // [world, rows, vocab_shard]: every rank's slice.
+  kernels::BackendBuffer logits_;    // [world, rows, vocab_shard]: every rank's slice.
   kernels::BackendBuffer metadata_;  // Token ids, seqs, positions, slots, tables, rows.
   std::vector<int32_t> shard_ids_;   // Token ids as rows of embedding_.
   std::vector<float> gathered_;      // logits_ on the host, before reordering.
@@ -189,4 +185,4 @@ class LlamaModel {
   std::vector<int32_t> graph_host_;
 };
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

@@ -11,10 +11,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/kv_cache.h"
-#include "worker/model.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 class DirectRunner {
  public:
@@ -69,4 +69,4 @@ class DirectRunner {
 // Index of the largest value (the first of equal ones).
 int Argmax(std::span<const float> values);
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

@@ -1,4 +1,4 @@
-#include "worker/sampler.h"
+#include "model/sampler.h"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 #include <limits>
 #include <numeric>
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -262,4 +262,4 @@ SampleResult Sampler::Sample(std::span<float> logits, const SamplingParams& para
   return result;
 }
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

@@ -2,10 +2,6 @@
 // on the host (the engine has the sequences there), uploads them through pinned memory,
 // queues the three sampling stages (kernels/cuda/sampling_kernels.cu) on the backend's
 // stream, and reads back one small result per row.
-#include "worker/device_sampler.h"
-
-#ifdef CONVEYOR_HAVE_CUDA
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,8 +12,9 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kernels.h"
+#include "model/cuda/cuda_device.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 namespace cuda = kernels::cuda;
@@ -90,8 +87,7 @@ class CudaSampler final : public DeviceSampler {
     size_t temp = 0;
     RETURN_IF_ERROR(CudaStatus(
         cuda::SortRowsDescending(nullptr, &temp, nullptr, nullptr, nullptr, nullptr,
-                                 static_cast<int64_t>(cells), max_rows_, nullptr, nullptr,
-                                 stream_),
+                                 static_cast<int64_t>(cells), max_rows_, nullptr, nullptr, stream_),
         "sampler sort (scratch size)"));
     RETURN_IF_ERROR(sort_temp_.Reserve(backend_, temp));
     sort_temp_bytes_ = temp;
@@ -109,9 +105,9 @@ class CudaSampler final : public DeviceSampler {
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(backend_->device()), "cudaSetDevice"));
     if (n != logits.rows || n > max_rows_ || logits.layout_rows < n ||
         logits.vocab_size != vocab_) {
-      return absl::InternalError(absl::StrCat("device sampler given ", n, " rows of ",
-                                              logits.rows, " (at most ", max_rows_,
-                                              "), vocab ", logits.vocab_size, " of ", vocab_));
+      return absl::InternalError(absl::StrCat("device sampler given ", n, " rows of ", logits.rows,
+                                              " (at most ", max_rows_, "), vocab ",
+                                              logits.vocab_size, " of ", vocab_));
     }
     // Host side: parameters, distinct-token penalty lists, the drawing rows' segments.
     params_.resize(n);
@@ -169,41 +165,40 @@ class CudaSampler final : public DeviceSampler {
         reinterpret_cast<const cuda::PenaltyEntry*>(device + aligned(params_bytes));
     const auto* d_ints =
         reinterpret_cast<const int32_t*>(device + aligned(params_bytes) + aligned(entries_bytes));
-    RETURN_IF_ERROR(CudaStatus(
-        cudaMemcpyAsync(device, host, upload_bytes, cudaMemcpyHostToDevice, stream_),
-        "sampler upload"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(device, host, upload_bytes, cudaMemcpyHostToDevice, stream_),
+                   "sampler upload"));
 
-    RETURN_IF_ERROR(CudaStatus(
-        cuda::LaunchSamplePrepare(logits.data, n, logits.layout_rows, logits.shard, vocab_,
-                                  d_params, d_entries,
-                                  work_.as<float>(), ids_.as<int32_t>(), lse_.as<float>(),
-                                  results_.as<cuda::SampleRowResult>(), dtype_, stream_),
-        "sampler prepare launch"));
+    RETURN_IF_ERROR(
+        CudaStatus(cuda::LaunchSamplePrepare(logits.data, n, logits.layout_rows, logits.shard,
+                                             vocab_, d_params, d_entries, work_.as<float>(),
+                                             ids_.as<int32_t>(), lse_.as<float>(),
+                                             results_.as<cuda::SampleRowResult>(), dtype_, stream_),
+                   "sampler prepare launch"));
     if (num_draw > 0) {
       const int64_t cells = static_cast<int64_t>(n) * vocab_;
       size_t temp = 0;
-      RETURN_IF_ERROR(CudaStatus(
-          cuda::SortRowsDescending(nullptr, &temp, nullptr, nullptr, nullptr, nullptr, cells,
-                                   num_draw, nullptr, nullptr, stream_),
-          "sampler sort (scratch size)"));
+      RETURN_IF_ERROR(
+          CudaStatus(cuda::SortRowsDescending(nullptr, &temp, nullptr, nullptr, nullptr, nullptr,
+                                              cells, num_draw, nullptr, nullptr, stream_),
+                     "sampler sort (scratch size)"));
       if (temp > sort_temp_bytes_) {
         RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "sampler sync"));
         RETURN_IF_ERROR(sort_temp_.Reserve(backend_, temp));
         sort_temp_bytes_ = temp;
       }
-      RETURN_IF_ERROR(CudaStatus(
-          cuda::SortRowsDescending(sort_temp_.as<void>(), &temp, work_.as<float>(),
-                                   sorted_.as<float>(), ids_.as<int32_t>(),
-                                   sorted_ids_.as<int32_t>(), cells, num_draw,
-                                   d_ints + num_draw, d_ints + 2 * num_draw, stream_),
-          "sampler sort"));
-      RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchSampleDraw(logits.data, logits.layout_rows, logits.shard, vocab_, d_params,
-                                 d_ints,
-                                 num_draw, sorted_.as<float>(), sorted_ids_.as<int32_t>(),
-                                 lse_.as<float>(), results_.as<cuda::SampleRowResult>(), dtype_,
-                                 stream_),
-          "sampler draw launch"));
+      RETURN_IF_ERROR(
+          CudaStatus(cuda::SortRowsDescending(sort_temp_.as<void>(), &temp, work_.as<float>(),
+                                              sorted_.as<float>(), ids_.as<int32_t>(),
+                                              sorted_ids_.as<int32_t>(), cells, num_draw,
+                                              d_ints + num_draw, d_ints + 2 * num_draw, stream_),
+                     "sampler sort"));
+      RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchSampleDraw(logits.data, logits.layout_rows, logits.shard, vocab_,
+                                            d_params, d_ints, num_draw, sorted_.as<float>(),
+                                            sorted_ids_.as<int32_t>(), lse_.as<float>(),
+                                            results_.as<cuda::SampleRowResult>(), dtype_, stream_),
+                     "sampler draw launch"));
     }
     RETURN_IF_ERROR(CudaStatus(
         cudaMemcpyAsync(host_results_.data(), results_.as<void>(),
@@ -280,8 +275,7 @@ absl::StatusOr<std::unique_ptr<DeviceSampler>> MakeCudaSampler(kernels::Backend*
   if (cuda_backend == nullptr) {
     return absl::InvalidArgumentError("the CUDA sampler needs the CUDA backend");
   }
-  if (vocab_size < 1 || max_rows < 1 ||
-      static_cast<int64_t>(vocab_size) * max_rows > INT32_MAX) {
+  if (vocab_size < 1 || max_rows < 1 || static_cast<int64_t>(vocab_size) * max_rows > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA sampler: ", max_rows, " rows of ",
                                                    vocab_size, " logits is out of range"));
   }
@@ -291,16 +285,4 @@ absl::StatusOr<std::unique_ptr<DeviceSampler>> MakeCudaSampler(kernels::Backend*
   return std::unique_ptr<DeviceSampler>(std::move(sampler));
 }
 
-}  // namespace conveyor::worker
-
-#else  // !CONVEYOR_HAVE_CUDA
-
-namespace conveyor::worker {
-
-absl::StatusOr<std::unique_ptr<DeviceSampler>> MakeCudaSampler(kernels::Backend*, int, int) {
-  return absl::UnavailableError("this build has no CUDA backend");
-}
-
-}  // namespace conveyor::worker
-
-#endif
+}  // namespace conveyor::model

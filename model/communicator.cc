@@ -1,11 +1,11 @@
-#include "worker/communicator.h"
+#include "model/communicator.h"
 
 #include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 class SingleRankCommunicator final : public Communicator {
@@ -28,11 +28,11 @@ absl::StatusOr<std::string_view> CollectiveIdPayload(std::string_view collective
     // absl::StrCat takes no std::string_view in this Abseil.
     const std::string want(prefix.substr(0, prefix.size() - 1));
     const std::string kind(collective_id.substr(0, std::min(collective_id.find(':'), size_t{8})));
-    return absl::InvalidArgumentError(absl::StrCat(
-        "collective_id is not a ", want, " id (it starts with \"", kind,
-        "\"): were the ranks started with different --backend flags?"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("collective_id is not a ", want, " id (it starts with \"", kind,
+                     "\"): were the ranks started with different --backend flags?"));
   }
   return collective_id.substr(prefix.size());
 }
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

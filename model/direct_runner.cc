@@ -1,4 +1,4 @@
-#include "worker/direct_runner.h"
+#include "model/direct_runner.h"
 
 #include <algorithm>
 #include <numeric>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 DirectRunner::DirectRunner(LlamaModel* model, KvCache* cache) : model_(model), cache_(cache) {
   Clear();
@@ -30,8 +30,8 @@ int DirectRunner::Add(std::vector<int32_t> tokens, int num_cached) {
 
 void DirectRunner::Append(int seq, int32_t token) { seqs_[seq].tokens.push_back(token); }
 
-absl::StatusOr<int> DirectRunner::Step(std::span<const int> seqs, int max_chunk,
-                                       bool all_positions, std::vector<float>* logits) {
+absl::StatusOr<int> DirectRunner::Step(std::span<const int> seqs, int max_chunk, bool all_positions,
+                                       std::vector<float>* logits) {
   RETURN_IF_ERROR(BuildBatch(seqs, max_chunk, all_positions));
   const int rows = static_cast<int>(batch_.logit_rows.size());
   logits->resize(static_cast<size_t>(rows) * model_->config().vocab_size);
@@ -64,9 +64,9 @@ absl::Status DirectRunner::BuildBatch(std::span<const int> seqs, int max_chunk,
     const int needed = (s.computed + chunk[i] + block_size - 1) / block_size;
     while (static_cast<int>(s.blocks.size()) < needed) {
       if (free_blocks_.empty()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the KV cache's ", cache_->num_blocks(), " blocks of ", block_size,
-            " tokens are all in use; make the cache larger or the batch smaller"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("the KV cache's ", cache_->num_blocks(), " blocks of ", block_size,
+                         " tokens are all in use; make the cache larger or the batch smaller"));
       }
       s.blocks.push_back(free_blocks_.back());
       free_blocks_.pop_back();
@@ -124,4 +124,4 @@ int Argmax(std::span<const float> values) {
   return static_cast<int>(std::max_element(values.begin(), values.end()) - values.begin());
 }
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

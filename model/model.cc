@@ -1,4 +1,4 @@
-#include "worker/model.h"
+#include "model/model.h"
 
 #include <algorithm>
 #include <bit>
@@ -12,7 +12,7 @@
 #include "common/checkpoint.h"
 #include "common/status_macros.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 using kernels::BackendBuffer;
@@ -72,99 +72,22 @@ class CheckpointSource final : public WeightSource {
   std::unique_ptr<Checkpoint> ckpt_;
 };
 
-class RandomSource final : public WeightSource {
- public:
-  explicit RandomSource(uint64_t seed) : seed_(seed) {}
-  bool Contains(const std::string& name) const override { return true; }
-  absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
-                       float* out) const override {
-    int64_t count = 1;
-    for (int64_t d : shape) count *= d;
-    const bool is_norm = name.find("norm") != std::string::npos;
-    const bool is_bias = name.ends_with(".bias");
-    // Uniform in [-a, a] has variance a²/3. As tests/model_gen: embeddings of variance 1,
-    // an LM head of variance 16/hidden (logits of std ~4, so greedy choices are rarely
-    // near ties), projections of variance 1/fan_in.
-    double variance = 0.0;
-    if (shape.size() == 2) {
-      variance = name == "model.embed_tokens.weight" ? 1.0
-                 : name == "lm_head.weight"          ? 16.0 / shape[1]
-                                                     : 1.0 / shape[1];
-    }
-    const double a = shape.size() == 2 ? std::sqrt(3.0 * variance) : 0.1;
-    const uint64_t base = seed_ ^ std::hash<std::string>()(name);
-    // splitmix64, whose i-th state is base + (i + 1)·γ: cheap, good enough for benchmark
-    // weights, and indexable, so a large tensor (a Llama-3-8B shape has 0.5 G values in
-    // its LM head) fills on every core with the same values as on one.
-    auto fill = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        uint64_t z = base + static_cast<uint64_t>(i + 1) * 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        const double u = (z >> 11) * 0x1.0p-53 * 2.0 - 1.0;
-        out[i] = static_cast<float>(is_norm ? 1.0 + 0.1 * u : (is_bias ? 0.1 * u : a * u));
-      }
-    };
-    constexpr int64_t kPerThread = int64_t{1} << 22;
-    const int64_t threads = std::clamp<int64_t>(
-        count / kPerThread, 1, std::max(1u, std::thread::hardware_concurrency()));
-    std::vector<std::thread> pool;
-    for (int64_t t = 1; t < threads; ++t) {
-      pool.emplace_back(fill, count * t / threads, count * (t + 1) / threads);
-    }
-    fill(0, count / threads);
-    for (std::thread& thread : pool) thread.join();
-    return absl::OkStatus();
-  }
-  // Generates the whole tensor and keeps the slice, so that a shard holds exactly the
-  // values the unsharded model has.
-  absl::Status ReadF32Slice(const std::string& name, const std::vector<int64_t>& shape, int dim,
-                            int64_t begin, int64_t end, float* out) const override {
-    if (shape.empty() || shape.size() > 2 || dim < 0 || dim >= static_cast<int>(shape.size()) ||
-        begin < 0 || begin > end || end > shape[dim]) {
-      return absl::OutOfRangeError(absl::StrCat("slice [", begin, ", ", end, ") of dimension ",
-                                                dim, " of random tensor '", name, "'"));
-    }
-    const int64_t rows = shape[0];
-    const int64_t cols = shape.size() == 2 ? shape[1] : 1;
-    std::vector<float> whole(rows * cols);
-    RETURN_IF_ERROR(ReadF32(name, shape, whole.data()));
-    if (dim == 0) {
-      std::copy(whole.begin() + begin * cols, whole.begin() + end * cols, out);
-      return absl::OkStatus();
-    }
-    for (int64_t row = 0; row < rows; ++row) {
-      std::copy(whole.begin() + row * cols + begin, whole.begin() + row * cols + end,
-                out + row * (end - begin));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  uint64_t seed_;
-};
-
 // Tensor parallelism splits heads and the MLP evenly; the vocabulary is padded instead.
 absl::Status CheckShardable(const ModelConfig& c, int world) {
-  for (const auto& [what, value] : {std::pair<const char*, int>{"num_attention_heads",
-                                                                c.num_attention_heads},
-                                    {"num_key_value_heads", c.num_kv_heads},
-                                    {"intermediate_size", c.intermediate_size}}) {
+  for (const auto& [what, value] :
+       {std::pair<const char*, int>{"num_attention_heads", c.num_attention_heads},
+        {"num_key_value_heads", c.num_kv_heads},
+        {"intermediate_size", c.intermediate_size}}) {
     if (value % world != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor parallelism over ", world, " ranks needs ", what,
-                       " divisible by ", world, ", but the model has ", value));
+      return absl::InvalidArgumentError(absl::StrCat("tensor parallelism over ", world,
+                                                     " ranks needs ", what, " divisible by ", world,
+                                                     ", but the model has ", value));
     }
   }
   return absl::OkStatus();
 }
 
 }  // namespace
-
-std::unique_ptr<WeightSource> MakeRandomWeightSource(uint64_t seed) {
-  return std::make_unique<RandomSource>(seed);
-}
 
 void ForwardBatch::Clear() {
   token_ids.clear();
@@ -246,11 +169,11 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     return weights.ReadF32Slice(name, shape, 0, begin, end, out);
   };
   std::vector<float> bias;
-  auto finish = [&](int64_t out, int64_t in, bool with_bias)
-      -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
-    ASSIGN_OR_RETURN(auto weight, backend_->PackLinear(host.data(), static_cast<int>(out),
-                                                       static_cast<int>(in),
-                                                       with_bias ? bias.data() : nullptr));
+  auto finish = [&](int64_t out, int64_t in,
+                    bool with_bias) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
+    ASSIGN_OR_RETURN(auto weight,
+                     backend_->PackLinear(host.data(), static_cast<int>(out), static_cast<int>(in),
+                                          with_bias ? bias.data() : nullptr));
     weight_bytes_ += weight->size_bytes();
     return weight;
   };
@@ -269,8 +192,8 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     bias.assign(with_bias ? out : 0, 0.0f);
     int64_t row = 0;
     for (const RowSlice& p : parts) {
-      RETURN_IF_ERROR(read_rows(p.name + ".weight", {p.rows, in}, p.begin, p.end,
-                                host.data() + row * in));
+      RETURN_IF_ERROR(
+          read_rows(p.name + ".weight", {p.rows, in}, p.begin, p.end, host.data() + row * in));
       if (with_bias) {
         RETURN_IF_ERROR(read_rows(p.name + ".bias", {p.rows}, p.begin, p.end, bias.data() + row));
       }
@@ -280,12 +203,11 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
   };
   // A row-parallel layer: input columns [begin, end) of matrix `name` [out, in], with its
   // whole bias when `with_bias` (one rank adds it, before the all-reduce).
-  auto pack_columns = [&](const std::string& name, int64_t out, int64_t in, int64_t begin,
-                          int64_t end, bool with_bias)
-      -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
+  auto pack_columns =
+      [&](const std::string& name, int64_t out, int64_t in, int64_t begin, int64_t end,
+          bool with_bias) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
     host.resize(out * (end - begin));
-    RETURN_IF_ERROR(weights.ReadF32Slice(name + ".weight", {out, in}, 1, begin, end,
-                                         host.data()));
+    RETURN_IF_ERROR(weights.ReadF32Slice(name + ".weight", {out, in}, 1, begin, end, host.data()));
     bias.resize(with_bias ? out : 0);
     if (with_bias) RETURN_IF_ERROR(weights.ReadF32(name + ".bias", {out}, bias.data()));
     return finish(out, end - begin, with_bias);
@@ -299,25 +221,23 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
   for (int i = 0; i < c.num_layers; ++i) {
     Layer& l = layers_[i];
     RETURN_IF_ERROR(upload_norm(LayerName(i, "input_layernorm.weight"), &l.input_norm));
-    RETURN_IF_ERROR(upload_norm(LayerName(i, "post_attention_layernorm.weight"),
-                                &l.post_attention_norm));
+    RETURN_IF_ERROR(
+        upload_norm(LayerName(i, "post_attention_layernorm.weight"), &l.post_attention_norm));
     ASSIGN_OR_RETURN(
-        l.qkv, pack_rows({{LayerName(i, "self_attn.q_proj"), q_dim, rank * q_local,
-                           (rank + 1) * q_local},
-                          {LayerName(i, "self_attn.k_proj"), kv_dim, rank * kv_local,
-                           (rank + 1) * kv_local},
-                          {LayerName(i, "self_attn.v_proj"), kv_dim, rank * kv_local,
-                           (rank + 1) * kv_local}},
-                         hidden, c.qkv_bias));
-    ASSIGN_OR_RETURN(l.o, pack_columns(LayerName(i, "self_attn.o_proj"), hidden, q_dim,
-                                       rank * q_local, (rank + 1) * q_local,
-                                       c.o_bias && rank == 0));
-    ASSIGN_OR_RETURN(l.gate_up,
-                     pack_rows({{LayerName(i, "mlp.gate_proj"), ffn, rank * ffn_local,
-                                 (rank + 1) * ffn_local},
-                                {LayerName(i, "mlp.up_proj"), ffn, rank * ffn_local,
-                                 (rank + 1) * ffn_local}},
-                               hidden, false));
+        l.qkv,
+        pack_rows(
+            {{LayerName(i, "self_attn.q_proj"), q_dim, rank * q_local, (rank + 1) * q_local},
+             {LayerName(i, "self_attn.k_proj"), kv_dim, rank * kv_local, (rank + 1) * kv_local},
+             {LayerName(i, "self_attn.v_proj"), kv_dim, rank * kv_local, (rank + 1) * kv_local}},
+            hidden, c.qkv_bias));
+    ASSIGN_OR_RETURN(l.o,
+                     pack_columns(LayerName(i, "self_attn.o_proj"), hidden, q_dim, rank * q_local,
+                                  (rank + 1) * q_local, c.o_bias && rank == 0));
+    ASSIGN_OR_RETURN(
+        l.gate_up,
+        pack_rows({{LayerName(i, "mlp.gate_proj"), ffn, rank * ffn_local, (rank + 1) * ffn_local},
+                   {LayerName(i, "mlp.up_proj"), ffn, rank * ffn_local, (rank + 1) * ffn_local}},
+                  hidden, false));
     ASSIGN_OR_RETURN(l.down, pack_columns(LayerName(i, "mlp.down_proj"), hidden, ffn,
                                           rank * ffn_local, (rank + 1) * ffn_local, false));
   }
@@ -387,8 +307,7 @@ absl::Status LlamaModel::Reserve(int num_tokens, int num_logit_rows, int metadat
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache,
-                                 float* logits) {
+absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache, float* logits) {
   ASSIGN_OR_RETURN(const DeviceLogits device, ForwardToDevice(batch, cache));
   if (device.rows == 0) return absl::OkStatus();
   const ModelConfig& c = config_;
@@ -397,7 +316,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, const KvCache& cache
   const size_t slice = static_cast<size_t>(device.layout_rows) * vocab_shard_;
   gathered_.resize(world * slice);
   backend_->CopyActivationsToHost(gathered_.data(), device.data, gathered_.size());
-  backend_->Synchronize();
+  RETURN_IF_ERROR(backend_->Synchronize());
   // [world, rows, vocab_shard] to [rows, vocab], dropping the last shard's padding.
   for (int r = 0; r < world; ++r) {
     const int begin = r * vocab_shard_;
@@ -452,6 +371,9 @@ absl::StatusOr<DeviceLogits> LlamaModel::ForwardToDevice(const ForwardBatch& bat
   attn.block_size = cache.block_size();
   const int32_t* logit_rows = put(batch.logit_rows);
   RETURN_IF_ERROR(Compute(ids, attn, logit_rows, rows, cache));
+  // What failed while queueing (a launch, a library call) shows now; a fault of the
+  // queued work shows when the caller synchronises.
+  RETURN_IF_ERROR(backend_->last_error());
   if (rows == 0) return result;
   result.data = logits_.get();
   result.rows = rows;
@@ -494,8 +416,8 @@ absl::Status LlamaModel::Compute(const int32_t* ids, const kernels::AttentionBat
     b.PagedAttention(qkv, qkv_width, attn, shape, cache.layer(i), attention_.get());
     b.Linear(attention_.get(), n, *l.o, projected_.get());
     RETURN_IF_ERROR(comm_->AllReduceSum(projected_.get(), hidden_count));
-    b.AddRmsNorm(residual_.get(), projected_.get(), l.post_attention_norm.get(), n,
-                 c.hidden_size, c.rms_norm_eps, normed_.get());
+    b.AddRmsNorm(residual_.get(), projected_.get(), l.post_attention_norm.get(), n, c.hidden_size,
+                 c.rms_norm_eps, normed_.get());
     b.Linear(normed_.get(), n, *l.gate_up, gate_up_.get());
     b.SiluMul(gate_up_.get(), n, ffn_, mlp_.get());
     b.Linear(mlp_.get(), n, *l.down, projected_.get());
@@ -539,11 +461,9 @@ absl::StatusOr<DeviceLogits> LlamaModel::ForwardGraph(const ForwardBatch& batch,
                                                       const KvCache& cache) {
   const int n = batch.num_tokens();
   const int padded = static_cast<int>(std::bit_ceil(static_cast<unsigned>(n)));
-  const int max_width =
-      (config_.max_context_tokens + cache.block_size() - 1) / cache.block_size();
-  const int width = std::min(
-      max_width, static_cast<int>(std::bit_ceil(static_cast<unsigned>(
-                     std::max(batch.max_blocks_per_seq, 1)))));
+  const int max_width = (config_.max_context_tokens + cache.block_size() - 1) / cache.block_size();
+  const int width = std::min(max_width, static_cast<int>(std::bit_ceil(static_cast<unsigned>(
+                                            std::max(batch.max_blocks_per_seq, 1)))));
   if (graph_cache_ != &cache) {  // Captured against another cache's layers.
     backend_->DropGraphs();
     graphs_.clear();
@@ -611,6 +531,7 @@ absl::StatusOr<DeviceLogits> LlamaModel::ForwardGraph(const ForwardBatch& batch,
     it->second = *graph;
   }
   backend_->Replay(it->second);
+  RETURN_IF_ERROR(backend_->last_error());
 
   DeviceLogits result;
   result.world = comm_->world_size();
@@ -622,4 +543,4 @@ absl::StatusOr<DeviceLogits> LlamaModel::ForwardGraph(const ForwardBatch& batch,
   return result;
 }
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 class KvCache {
  public:
@@ -19,10 +19,9 @@ class KvCache {
                               size_t element_bytes);
 
   // Allocates `num_blocks` blocks on `backend`, which must outlive the cache.
-  static absl::StatusOr<std::unique_ptr<KvCache>> Create(kernels::Backend* backend,
-                                                         int num_layers, int num_kv_heads,
-                                                         int head_dim, int block_size,
-                                                         int num_blocks);
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(kernels::Backend* backend, int num_layers,
+                                                         int num_kv_heads, int head_dim,
+                                                         int block_size, int num_blocks);
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -43,4 +42,4 @@ class KvCache {
   std::vector<kernels::KvLayer> layers_;
 };
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

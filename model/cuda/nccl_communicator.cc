@@ -1,4 +1,4 @@
-#include "worker/nccl_communicator.h"
+#include "model/cuda/nccl_communicator.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -8,12 +8,18 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 absl::Status NcclStatus(ncclResult_t result, const char* what) {
   if (result == ncclSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", ncclGetErrorString(result)));
+  // A remote or system error is another rank (or the network) going away: the group must
+  // be rebuilt, but nothing was wrong with this rank's work.
+  const std::string message = absl::StrCat(what, ": ", ncclGetErrorString(result));
+  if (result == ncclRemoteError || result == ncclSystemError) {
+    return absl::UnavailableError(message);
+  }
+  return absl::InternalError(message);
 }
 
 absl::Status CudaStatus(cudaError_t error, const char* what) {
@@ -82,8 +88,8 @@ absl::StatusOr<std::string> CreateNcclCollectiveId() {
   return std::string(kNcclIdPrefix) + std::string(id.internal, sizeof(id.internal));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(std::string_view collective_id,
-                                                          int rank, int world_size,
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(std::string_view collective_id, int rank,
+                                                          int world_size,
                                                           kernels::CudaBackend* backend,
                                                           kernels::CudaComputeDtype dtype) {
   ASSIGN_OR_RETURN(const std::string_view payload,
@@ -104,4 +110,4 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(std::string_view colle
       new NcclCommunicator(comm, rank, world_size, backend, nccl_dtype));
 }
 
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

@@ -16,10 +16,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "worker/model.h"
-#include "worker/sampler.h"
+#include "model/model.h"
+#include "model/sampler.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 // One logit row to sample, with what Sampler::Sample takes.
 struct RowToSample {
@@ -40,11 +40,4 @@ class DeviceSampler {
   virtual int max_rows() const = 0;
 };
 
-// The CUDA implementation (kernels/cuda/sampling_kernels.cu) for rows of `vocab_size`
-// logits, at most `max_rows` per call, on `backend` (a CUDA backend, which must outlive
-// it): its work is queued on the backend's stream. Takes 16 bytes × max_rows ×
-// vocab_size of device memory. UNAVAILABLE in builds without CUDA.
-absl::StatusOr<std::unique_ptr<DeviceSampler>> MakeCudaSampler(kernels::Backend* backend,
-                                                               int vocab_size, int max_rows);
-
-}  // namespace conveyor::worker
+}  // namespace conveyor::model

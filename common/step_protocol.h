@@ -1,0 +1,12 @@
+// Conventions of the scheduler <-> worker protocol (proto/worker.proto,
+// docs/step-protocol.md) that both sides must agree on beyond the messages themselves.
+#pragma once
+
+namespace conveyor {
+
+// gRPC metadata key under which every call a scheduler makes to a worker carries the
+// scheduler's identity (its --scheduler_id). A worker serves the scheduler that bound it
+// (Init) and refuses everyone else.
+inline constexpr char kSchedulerIdMetadataKey[] = "x-conveyor-scheduler-id";
+
+}  // namespace conveyor

@@ -1,0 +1,21 @@
+// A gRPC client context that presents itself to a worker as its scheduler (the identity
+// a worker binds to: common/step_protocol.h), for tests that drive workers directly.
+#pragma once
+
+#include <string>
+
+#include "common/step_protocol.h"
+#include "grpcpp/client_context.h"
+
+namespace conveyor::testing {
+
+inline constexpr char kTestSchedulerId[] = "test-scheduler";
+
+class SchedulerContext : public grpc::ClientContext {
+ public:
+  explicit SchedulerContext(const std::string& id = kTestSchedulerId) {
+    AddMetadata(kSchedulerIdMetadataKey, id);
+  }
+};
+
+}  // namespace conveyor::testing

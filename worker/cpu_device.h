@@ -1,0 +1,23 @@
+// The CPU device (model/device.h): the CPU backend (kernels/cpu/), Gloo over TCP between
+// the ranks, host sampling, and a KV budget taken from the memory the machine has free.
+// It lives with the worker, not in model/, because its ranks meet through a small
+// key-value store that rank 0 serves over gRPC (worker/gloo_communicator.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/device.h"
+
+namespace conveyor::worker {
+
+struct CpuDeviceOptions {
+  int num_threads = 0;  // Compute threads; 0: one per core.
+  // Address the other ranks reach this one at for collectives (the rendezvous store and
+  // Gloo's TCP pairs).
+  std::string collective_host = "127.0.0.1";
+};
+
+std::unique_ptr<model::Device> MakeCpuDevice(const CpuDeviceOptions& options);
+
+}  // namespace conveyor::worker
