@@ -46,11 +46,16 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/sse_client.h"
 #include "conveyor.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "host:port of the conveyor-scheduler.");
+ABSL_FLAG(std::string, api, "grpc",
+          "grpc: Generate streams; http: streamed /v1/completions on --http_server (the "
+          "OpenAI-compatible API; --server still answers model info and the warm-up).");
+ABSL_FLAG(std::string, http_server, "", "--api=http: host:port of the scheduler's HTTP API.");
 ABSL_FLAG(std::string, metrics_url, "",
           "The scheduler's Prometheus endpoint, e.g. http://127.0.0.1:9400/metrics (empty: "
           "from --metrics_port; neither: no server counters).");
@@ -352,7 +357,15 @@ struct RequestResult {
 
 class Bench;
 
-class GenerateCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+// One request in flight, over either API.
+class Call {
+ public:
+  virtual ~Call() = default;
+  virtual void Cancel() = 0;
+  virtual const RequestResult& result() const = 0;
+};
+
+class GenerateCall final : public Call, public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
   GenerateCall(Bench* bench, const RequestSpec& spec) : bench_(bench) {
     result_.index = spec.index;
@@ -367,11 +380,11 @@ class GenerateCall final : public grpc::ClientReadReactor<v1::GenerateResponse> 
   }
 
   void Start(v1::Conveyor::Stub* stub, Clock::time_point run_start);
-  void Cancel() {
+  void Cancel() override {
     if (!done_.load()) context_.TryCancel();
   }
   bool done() const { return done_.load(); }
-  const RequestResult& result() const { return result_; }
+  const RequestResult& result() const override { return result_; }
 
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
@@ -386,17 +399,50 @@ class GenerateCall final : public grpc::ClientReadReactor<v1::GenerateResponse> 
   std::atomic<bool> done_{false};
 };
 
+// One request over the OpenAI-compatible HTTP API (--api=http): a streamed /v1/completions
+// on a connection and thread of its own. Chunks carry no token counts: each chunk with
+// text counts as one token for TTFT and the gaps (the server sends a chunk per token
+// unless text is held back for a stop string), and the final usage gives the total.
+class HttpCall final : public Call {
+ public:
+  HttpCall(Bench* bench, const RequestSpec& spec);
+  ~HttpCall() override {
+    if (thread_.joinable()) thread_.join();
+  }
+  void Start(const std::string& host, const std::string& port, Clock::time_point run_start);
+  void Cancel() override { stream_.Cancel(); }
+  const RequestResult& result() const override { return result_; }
+
+ private:
+  void OnEvent(std::string_view data);
+
+  Bench* bench_;
+  std::string body_;
+  RequestResult result_;
+  Clock::time_point sent_, last_token_;
+  int chunks_ = 0;
+  conveyor::bench::SseStream stream_;
+  std::thread thread_;
+};
+
 class Bench {
  public:
-  explicit Bench(std::vector<std::shared_ptr<grpc::Channel>> channels) {
-    for (auto& c : channels) stubs_.push_back(v1::Conveyor::NewStub(c));
+  // `http_server`: host:port of the HTTP API, for --api=http (empty: gRPC streams).
+  Bench(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+        const std::string& http_server) {
+    for (const auto& c : channels) stubs_.push_back(v1::Conveyor::NewStub(c));
+    if (!http_server.empty()) {
+      const size_t colon = http_server.rfind(':');
+      http_host_ = http_server.substr(0, colon);
+      http_port_ = colon == std::string::npos ? "80" : http_server.substr(colon + 1);
+    }
   }
 
   // Runs every spec; returns the results in spec order.
   std::vector<RequestResult> Run(const std::vector<RequestSpec>& specs, Clock::time_point start);
 
   void OnTokens(int n) { tokens_received_.fetch_add(n, std::memory_order_relaxed); }
-  void OnFinished(GenerateCall* call) {
+  void OnFinished(Call* call) {
     std::lock_guard<std::mutex> lock(mu_);
     ++finished_;
     if (!call->result().ok) ++failed_;
@@ -416,7 +462,8 @@ class Bench {
   void Launch(const RequestSpec& spec, Clock::time_point start);
 
   std::vector<std::unique_ptr<v1::Conveyor::Stub>> stubs_;
-  std::vector<std::unique_ptr<GenerateCall>> calls_;
+  std::vector<std::unique_ptr<Call>> calls_;
+  std::string http_host_, http_port_;
   std::atomic<int64_t> tokens_received_{0};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -474,16 +521,96 @@ void GenerateCall::OnDone(const grpc::Status& status) {
   bench_->OnFinished(this);
 }
 
+HttpCall::HttpCall(Bench* bench, const RequestSpec& spec) : bench_(bench) {
+  result_.index = spec.index;
+  result_.prompt_tokens = static_cast<int>(spec.prompt.size());
+  result_.requested_tokens = spec.max_new_tokens;
+  const json body = {{"prompt", spec.prompt},
+                     {"max_tokens", spec.max_new_tokens},
+                     {"temperature", absl::GetFlag(FLAGS_temperature)},
+                     {"seed", spec.seed},
+                     {"ignore_eos", absl::GetFlag(FLAGS_ignore_eos)},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  body_ = body.dump();
+}
+
+void HttpCall::Start(const std::string& host, const std::string& port,
+                     Clock::time_point run_start) {
+  sent_ = Clock::now();
+  result_.start_s = SecondsSince(run_start, sent_);
+  thread_ = std::thread([this, host, port] {
+    const std::string error = stream_.Run(host, port, "/v1/completions", body_,
+                                          [this](std::string_view data) { OnEvent(data); });
+    result_.e2e_ms = Ms(Clock::now() - sent_);
+    if (result_.error.empty()) result_.error = error;
+    result_.ok = result_.error.empty() && result_.finished_normally;
+    if (result_.output_tokens > 1 && result_.ttft_ms >= 0) {
+      result_.tpot_ms = (result_.e2e_ms - result_.ttft_ms) / (result_.output_tokens - 1);
+    }
+    bench_->OnFinished(this);
+  });
+}
+
+void HttpCall::OnEvent(std::string_view data) {
+  if (data == "[DONE]") return;
+  const json event = json::parse(data, nullptr, /*allow_exceptions=*/false);
+  if (!event.is_object()) {
+    result_.error = "unreadable event: " + std::string(data.substr(0, 200));
+    return;
+  }
+  if (const auto error = event.find("error"); error != event.end()) {
+    result_.error = error->dump();
+    return;
+  }
+  const Clock::time_point now = Clock::now();
+  const auto choices = event.find("choices");
+  if (choices != event.end() && choices->is_array() && !choices->empty()) {
+    const json& choice = choices->front();
+    const auto text = choice.find("text");
+    if (text != choice.end() && text->is_string() && !text->get_ref<const std::string&>().empty()) {
+      if (chunks_ == 0) {
+        result_.ttft_ms = Ms(now - sent_);
+      } else {
+        result_.itl_ms.push_back(static_cast<float>(Ms(now - last_token_)));
+      }
+      last_token_ = now;
+      ++chunks_;
+      bench_->OnTokens(1);
+    }
+    const auto finish = choice.find("finish_reason");
+    if (finish != choice.end() && finish->is_string()) {
+      result_.finish_reason = finish->get<std::string>();
+    }
+  }
+  const auto usage = event.find("usage");
+  if (usage != event.end() && usage->is_object()) {
+    result_.finished_normally = true;
+    result_.output_tokens = usage->value("completion_tokens", chunks_);
+    if (result_.output_tokens > chunks_) bench_->OnTokens(result_.output_tokens - chunks_);
+    const json details = usage->value("prompt_tokens_details", json::object());
+    result_.cached_prompt_tokens = details.value("cached_tokens", 0);
+  }
+}
+
 void Bench::Launch(const RequestSpec& spec, Clock::time_point start) {
-  GenerateCall* call;
+  Call* call;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    calls_.push_back(std::make_unique<GenerateCall>(this, spec));
+    if (http_host_.empty()) {
+      calls_.push_back(std::make_unique<GenerateCall>(this, spec));
+    } else {
+      calls_.push_back(std::make_unique<HttpCall>(this, spec));
+    }
     call = calls_.back().get();
     ++sent_;
     ++in_flight_;
   }
-  call->Start(stubs_[spec.index % stubs_.size()].get(), start);
+  if (http_host_.empty()) {
+    static_cast<GenerateCall*>(call)->Start(stubs_[spec.index % stubs_.size()].get(), start);
+  } else {
+    static_cast<HttpCall*>(call)->Start(http_host_, http_port_, start);
+  }
 }
 
 std::vector<RequestResult> Bench::Run(const std::vector<RequestSpec>& specs,
@@ -540,12 +667,12 @@ std::vector<RequestResult> Bench::Run(const std::vector<RequestSpec>& specs,
   }
   if (timed_out) {
     std::fprintf(stderr, "conveyor-bench: --timeout_s reached; cancelling what is left\n");
-    std::vector<GenerateCall*> live;
+    std::vector<Call*> live;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& c : calls_) live.push_back(c.get());
     }
-    for (GenerateCall* c : live) c->Cancel();
+    for (Call* c : live) c->Cancel();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return in_flight_ == 0; });
   }
@@ -634,7 +761,8 @@ bool Warmup(v1::Conveyor::Stub* stub, int count, int vocab) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
     v1::GenerateRequest req;
-    for (int j = 0; j < 16; ++j) req.mutable_token_ids()->add_ids(3 + (i * 131 + j * 17) % (vocab - 3));
+    for (int j = 0; j < 16; ++j)
+      req.mutable_token_ids()->add_ids(3 + (i * 131 + j * 17) % (vocab - 3));
     req.set_max_new_tokens(4);
     req.set_ignore_eos(true);
     req.set_temperature(0);
@@ -668,8 +796,7 @@ int main(int argc, char** argv) {
     grpc::ChannelArguments args;
     args.SetInt("conveyor.bench.channel", i);  // Distinct args: distinct connections.
     args.SetMaxReceiveMessageSize(64 << 20);
-    channels.push_back(
-        grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
+    channels.push_back(grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
   }
   auto info_stub = v1::Conveyor::NewStub(channels[0]);
   std::optional<v1::ModelInfoResponse> info =
@@ -678,9 +805,9 @@ int main(int argc, char** argv) {
   std::fprintf(stderr,
                "conveyor-bench: %s on %s: policy %s, max_num_seqs %d, vocab %d, context %d, KV "
                "%d blocks x %d\n",
-               info->model().c_str(), server.c_str(), info->policy().c_str(),
-               info->max_num_seqs(), info->vocab_size(), info->max_context_tokens(),
-               info->num_kv_blocks(), info->kv_block_size());
+               info->model().c_str(), server.c_str(), info->policy().c_str(), info->max_num_seqs(),
+               info->vocab_size(), info->max_context_tokens(), info->num_kv_blocks(),
+               info->kv_block_size());
   if (!Warmup(info_stub.get(), absl::GetFlag(FLAGS_warmup_requests), info->vocab_size())) {
     return 1;
   }
@@ -698,8 +825,8 @@ int main(int argc, char** argv) {
     prompt_total += static_cast<int64_t>(s.prompt.size());
   }
 
-  const MetricsUrl murl = ParseMetricsUrl(absl::GetFlag(FLAGS_metrics_url), server,
-                                          absl::GetFlag(FLAGS_metrics_port));
+  const MetricsUrl murl =
+      ParseMetricsUrl(absl::GetFlag(FLAGS_metrics_url), server, absl::GetFlag(FLAGS_metrics_port));
   std::optional<MetricMap> before;
   if (murl.valid()) {
     if (auto text = HttpGet(murl)) {
@@ -710,7 +837,13 @@ int main(int argc, char** argv) {
     }
   }
 
-  Bench bench(channels);
+  const std::string api = absl::GetFlag(FLAGS_api);
+  if ((api != "grpc" && api != "http") ||
+      (api == "http" && absl::GetFlag(FLAGS_http_server).empty())) {
+    std::fprintf(stderr, "conveyor-bench: --api must be grpc or http (with --http_server)\n");
+    return 2;
+  }
+  Bench bench(channels, api == "http" ? absl::GetFlag(FLAGS_http_server) : "");
   std::vector<GaugeSample> samples;
   std::mutex samples_mu;
   std::atomic<bool> stop_monitor{false};
@@ -754,11 +887,10 @@ int main(int argc, char** argv) {
         const double elapsed = SecondsSince(start, now);
         char server_part[160] = "";
         if (before) {
-          std::snprintf(server_part, sizeof(server_part),
-                        " | server: running %.0f waiting %.0f kv %.0f%%", last.running,
-                        last.waiting,
-                        last.kv_blocks_total > 0 ? 100.0 * last.kv_blocks_used / last.kv_blocks_total
-                                                 : 0.0);
+          std::snprintf(
+              server_part, sizeof(server_part), " | server: running %.0f waiting %.0f kv %.0f%%",
+              last.running, last.waiting,
+              last.kv_blocks_total > 0 ? 100.0 * last.kv_blocks_used / last.kv_blocks_total : 0.0);
         }
         std::fprintf(stderr,
                      "[%5.0fs] sent %d/%d done %d%s in flight %d | out %lld tok (%.1f tok/s, "
@@ -818,6 +950,7 @@ int main(int argc, char** argv) {
 
   json out;
   out["label"] = absl::GetFlag(FLAGS_label);
+  out["api"] = absl::GetFlag(FLAGS_api);
   out["server"] = {{"address", server},
                    {"model", info->model()},
                    {"policy", info->policy()},
@@ -827,29 +960,28 @@ int main(int argc, char** argv) {
                    {"vocab_size", info->vocab_size()},
                    {"max_context_tokens", info->max_context_tokens()}};
   const int concurrency = absl::GetFlag(FLAGS_concurrency);
-  out["config"] = {
-      {"workload", absl::GetFlag(FLAGS_workload)},
-      {"num_requests", total},
-      {"seed", absl::GetFlag(FLAGS_seed)},
-      {"arrivals", concurrency > 0 ? "closed" : "open"},
-      {"concurrency", concurrency},
-      {"request_rate", absl::GetFlag(FLAGS_request_rate)},
-      {"burstiness", absl::GetFlag(FLAGS_burstiness)},
-      {"max_concurrency", absl::GetFlag(FLAGS_max_concurrency)},
-      {"input_len", absl::GetFlag(FLAGS_input_len)},
-      {"output_len", absl::GetFlag(FLAGS_output_len)},
-      {"output_mean", absl::GetFlag(FLAGS_output_mean)},
-      {"output_cap", absl::GetFlag(FLAGS_output_cap)},
-      {"input_len_range", absl::GetFlag(FLAGS_input_len_range)},
-      {"output_len_range", absl::GetFlag(FLAGS_output_len_range)},
-      {"ignore_eos", absl::GetFlag(FLAGS_ignore_eos)},
-      {"temperature", absl::GetFlag(FLAGS_temperature)},
-      {"timeout_s", absl::GetFlag(FLAGS_timeout_s)},
-      {"requested_prompt_tokens", prompt_total},
-      {"requested_output_tokens", requested_out},
-      {"slo_ttft_ms", slo_ttft},
-      {"slo_tpot_ms", slo_tpot},
-      {"slo_e2e_ms", slo_e2e}};
+  out["config"] = {{"workload", absl::GetFlag(FLAGS_workload)},
+                   {"num_requests", total},
+                   {"seed", absl::GetFlag(FLAGS_seed)},
+                   {"arrivals", concurrency > 0 ? "closed" : "open"},
+                   {"concurrency", concurrency},
+                   {"request_rate", absl::GetFlag(FLAGS_request_rate)},
+                   {"burstiness", absl::GetFlag(FLAGS_burstiness)},
+                   {"max_concurrency", absl::GetFlag(FLAGS_max_concurrency)},
+                   {"input_len", absl::GetFlag(FLAGS_input_len)},
+                   {"output_len", absl::GetFlag(FLAGS_output_len)},
+                   {"output_mean", absl::GetFlag(FLAGS_output_mean)},
+                   {"output_cap", absl::GetFlag(FLAGS_output_cap)},
+                   {"input_len_range", absl::GetFlag(FLAGS_input_len_range)},
+                   {"output_len_range", absl::GetFlag(FLAGS_output_len_range)},
+                   {"ignore_eos", absl::GetFlag(FLAGS_ignore_eos)},
+                   {"temperature", absl::GetFlag(FLAGS_temperature)},
+                   {"timeout_s", absl::GetFlag(FLAGS_timeout_s)},
+                   {"requested_prompt_tokens", prompt_total},
+                   {"requested_output_tokens", requested_out},
+                   {"slo_ttft_ms", slo_ttft},
+                   {"slo_tpot_ms", slo_tpot},
+                   {"slo_e2e_ms", slo_e2e}};
   json summary = {{"duration_s", duration},
                   {"completed", completed},
                   {"failed_or_incomplete", failed},
@@ -925,9 +1057,9 @@ int main(int argc, char** argv) {
         {"kv_blocks_used_fraction", n_all > 0 ? blocks_sum / n_all : 0.0},
         {"requests_running", n_all > 0 ? running_sum / n_all : 0.0},
         {"requests_waiting", n_all > 0 ? waiting_sum / n_all : 0.0}};
-    sm["gauge_samples_columns"] = {"t_s",         "running",       "waiting",
-                                   "kv_blocks_used", "kv_blocks_total", "kv_slots_used",
-                                   "kv_slots_allocated"};
+    sm["gauge_samples_columns"] = {
+        "t_s",           "running",           "waiting", "kv_blocks_used", "kv_blocks_total",
+        "kv_slots_used", "kv_slots_allocated"};
     sm["gauge_samples"] = series;
     out["server_metrics"] = sm;
   }

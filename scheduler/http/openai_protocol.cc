@@ -1,0 +1,647 @@
+#include "scheduler/http/openai_protocol.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+
+namespace conveyor::scheduler::openai {
+namespace {
+
+constexpr absl::string_view kParamPayload = "type.conveyor/openai.param";
+constexpr absl::string_view kCodePayload = "type.conveyor/openai.code";
+
+// Every dump replaces ill-formed UTF-8 instead of throwing (the engine's text is already
+// well formed; this is the guarantee that no exception can escape).
+std::string Dump(const Json& value) {
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+absl::Status Invalid(absl::string_view param, absl::string_view message) {
+  return WithParam(absl::InvalidArgumentError(message), param);
+}
+
+absl::Status WrongType(absl::string_view param, absl::string_view expected) {
+  return Invalid(param, absl::StrCat(param, " must be ", expected));
+}
+
+// The member `key` of `object`, or nullptr when it is absent or null (OpenAI's clients
+// send null for "not given").
+const Json* Field(const Json& object, absl::string_view key) {
+  const auto it = object.find(std::string{key});
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::StatusOr<std::optional<bool>> GetBool(const Json& object, absl::string_view key) {
+  const Json* v = Field(object, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_boolean()) return WrongType(key, "true or false");
+  return v->get<bool>();
+}
+
+absl::StatusOr<std::optional<double>> GetNumber(const Json& object, absl::string_view key) {
+  const Json* v = Field(object, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number()) return WrongType(key, "a number");
+  return v->get<double>();
+}
+
+// An integer in [lo, hi].
+absl::StatusOr<std::optional<int64_t>> GetInteger(const Json& object, absl::string_view key,
+                                                  int64_t lo, int64_t hi) {
+  const Json* v = Field(object, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number_integer()) return WrongType(key, "an integer");
+  const bool fits =
+      !v->is_number_unsigned() ||
+      v->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  const int64_t value = fits ? v->get<int64_t>() : 0;
+  if (!fits || value < lo || value > hi) {
+    return Invalid(key, absl::StrCat(key, " must be in [", lo, ", ", hi, "], got ", Dump(*v)));
+  }
+  return value;
+}
+
+absl::StatusOr<std::optional<std::string>> GetString(const Json& object, absl::string_view key) {
+  const Json* v = Field(object, key);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_string()) return WrongType(key, "a string");
+  return v->get<std::string>();
+}
+
+absl::Status Unsupported(absl::string_view param, absl::string_view message) {
+  return WithCode(Invalid(param, message), "unsupported_value");
+}
+
+absl::Status CheckModel(const Json& body, const ParseOptions& options) {
+  ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(body, "model"));
+  // A missing model means the one served (curl users need not know its name).
+  if (!model.has_value() || ServesModel(options, *model)) return absl::OkStatus();
+  return ModelNotFoundError(*model, options);
+}
+
+// One prompt: a string or a list of token ids.
+absl::Status SetPrompt(const Json& prompt, v1::GenerateRequest* g) {
+  if (prompt.is_string()) {
+    if (prompt.get_ref<const std::string&>().empty()) return Invalid("prompt", "prompt is empty");
+    g->set_text(prompt.get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!prompt.is_array() || prompt.empty()) {
+    return Invalid("prompt", "prompt must be a non-empty string or list of token ids");
+  }
+  for (const Json& id : prompt) {
+    if (!id.is_number_integer() ||
+        (id.is_number_unsigned() ? id.get<uint64_t>() > std::numeric_limits<int32_t>::max()
+                                 : id.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+                                       id.get<int64_t>() > std::numeric_limits<int32_t>::max())) {
+      return Invalid("prompt", absl::StrCat("prompt's token ids must be integers, got ", Dump(id)));
+    }
+    g->mutable_token_ids()->add_ids(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseCompletionPrompt(const Json& body, v1::GenerateRequest* g) {
+  const Json* prompt = Field(body, "prompt");
+  if (prompt == nullptr) return Invalid("prompt", "prompt is required");
+  // A batch (a list of prompts) of one is the same request as its only prompt.
+  if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number()) {
+    if (prompt->size() > 1) {
+      return Unsupported("prompt", absl::StrCat("prompt holds ", prompt->size(),
+                                                " prompts; only one prompt per request is "
+                                                "supported (send one request per prompt)"));
+    }
+    return SetPrompt((*prompt)[0], g);
+  }
+  return SetPrompt(*prompt, g);
+}
+
+constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool"};
+
+// Checks one chat message and returns it with its content as one string.
+absl::StatusOr<Json> ParseMessage(const Json& message, size_t index) {
+  const std::string where = absl::StrCat("messages[", index, "]");
+  if (!message.is_object()) return WrongType(where, "an object with a role and a content");
+  ASSIGN_OR_RETURN(std::optional<std::string> role, GetString(message, "role"));
+  if (!role.has_value()) return Invalid(where + ".role", where + ".role is required");
+  if (std::find(std::begin(kRoles), std::end(kRoles), *role) == std::end(kRoles)) {
+    return Invalid(where + ".role", absl::StrCat(where,
+                                                 ".role must be system, user, assistant "
+                                                 "or tool, got '",
+                                                 *role, "'"));
+  }
+  Json out = message;
+  const Json* content = Field(message, "content");
+  if (content == nullptr) {
+    // An assistant turn that only calls tools has no content.
+    if (*role != "assistant") return Invalid(where + ".content", where + ".content is required");
+    return out;
+  }
+  if (content->is_string()) return out;
+  if (!content->is_array()) {
+    return WrongType(where + ".content", "a string or a list of text parts");
+  }
+  // Parts are joined with newlines, as vLLM does for templates that expect a string.
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < content->size(); ++i) {
+    const Json& part = (*content)[i];
+    const std::string part_where = absl::StrCat(where, ".content[", i, "]");
+    if (!part.is_object()) return WrongType(part_where, "an object {type, text}");
+    ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(part, "type"));
+    if (type != "text") {
+      return Unsupported(part_where + ".type",
+                         absl::StrCat(part_where, ".type is '", type.value_or(""),
+                                      "'; only text parts are supported"));
+    }
+    ASSIGN_OR_RETURN(std::optional<std::string> text, GetString(part, "text"));
+    if (!text.has_value()) return Invalid(part_where + ".text", part_where + ".text is required");
+    texts.push_back(*std::move(text));
+  }
+  out["content"] = absl::StrJoin(texts, "\n");
+  return out;
+}
+
+absl::Status ParseChat(const Json& body, ParsedRequest* r) {
+  const Json* messages = Field(body, "messages");
+  if (messages == nullptr) return Invalid("messages", "messages is required");
+  if (!messages->is_array() || messages->empty()) {
+    return WrongType("messages", "a non-empty list of messages");
+  }
+  r->messages = Json::array();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    ASSIGN_OR_RETURN(Json message, ParseMessage((*messages)[i], i));
+    r->messages.push_back(std::move(message));
+  }
+
+  const Json* tool_choice = Field(body, "tool_choice");
+  bool tools_off = false;
+  if (tool_choice != nullptr) {
+    // The output is never parsed into tool calls, so nothing can force one.
+    if (!tool_choice->is_string() || (*tool_choice != "auto" && *tool_choice != "none")) {
+      return Unsupported("tool_choice",
+                         "tool_choice must be \"auto\" or \"none\": tool calls are not parsed "
+                         "from the output, so none can be required");
+    }
+    tools_off = *tool_choice == "none";
+  }
+  if (const Json* tools = Field(body, "tools"); tools != nullptr) {
+    if (!tools->is_array()) return WrongType("tools", "a list of tools");
+    if (!tools_off && !tools->empty()) r->tools = *tools;
+  }
+  if (const Json* format = Field(body, "response_format"); format != nullptr) {
+    if (!format->is_object() || format->value("type", Json()) != "text") {
+      return Unsupported("response_format",
+                         "response_format must be {\"type\": \"text\"}: structured output is "
+                         "not supported");
+    }
+  }
+
+  ASSIGN_OR_RETURN(std::optional<bool> logprobs, GetBool(body, "logprobs"));
+  r->logprobs = logprobs.value_or(false);
+  ASSIGN_OR_RETURN(std::optional<int64_t> top, GetInteger(body, "top_logprobs", 0, 1 << 30));
+  if (top.has_value() && !r->logprobs) {
+    return Invalid("top_logprobs", "top_logprobs needs logprobs set to true");
+  }
+  r->top_logprobs = static_cast<int>(top.value_or(0));
+
+  // max_completion_tokens replaced max_tokens in OpenAI's chat API; either works.
+  ASSIGN_OR_RETURN(
+      std::optional<int64_t> max_completion,
+      GetInteger(body, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max()));
+  ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
+                   GetInteger(body, "max_tokens", 1, std::numeric_limits<int32_t>::max()));
+  if (max_completion.has_value()) max_tokens = max_completion;
+  if (max_tokens.has_value()) r->generate.set_max_new_tokens(static_cast<int32_t>(*max_tokens));
+  return absl::OkStatus();
+}
+
+absl::Status ParseCompletions(const Json& body, ParsedRequest* r) {
+  RETURN_IF_ERROR(ParseCompletionPrompt(body, &r->generate));
+  ASSIGN_OR_RETURN(std::optional<bool> echo, GetBool(body, "echo"));
+  if (echo.value_or(false)) return Unsupported("echo", "echo is not supported");
+  ASSIGN_OR_RETURN(std::optional<int64_t> best_of,
+                   GetInteger(body, "best_of", 0, std::numeric_limits<int32_t>::max()));
+  if (best_of.value_or(1) != 1) {
+    return Unsupported("best_of", "best_of must be 1: one completion is generated per request");
+  }
+  ASSIGN_OR_RETURN(std::optional<std::string> suffix, GetString(body, "suffix"));
+  if (!suffix.value_or("").empty()) return Unsupported("suffix", "suffix is not supported");
+
+  // Completions' logprobs is the number of alternatives; 0 still returns the chosen
+  // token's log-probability.
+  ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, GetInteger(body, "logprobs", 0, 1 << 30));
+  r->logprobs = logprobs.has_value();
+  r->top_logprobs = static_cast<int>(logprobs.value_or(0));
+
+  ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
+                   GetInteger(body, "max_tokens", 1, std::numeric_limits<int32_t>::max()));
+  r->generate.set_max_new_tokens(
+      static_cast<int32_t>(max_tokens.value_or(kCompletionsDefaultMaxTokens)));
+  // Extension (vLLM's name): false sends a text prompt without the special tokens the
+  // model's tokenizer frames it with (its BOS), e.g. text a chat template rendered. True
+  // is the usual framing, which the engine's request leaves unset.
+  ASSIGN_OR_RETURN(std::optional<bool> add_special_tokens, GetBool(body, "add_special_tokens"));
+  if (add_special_tokens.has_value() && !*add_special_tokens) r->generate.set_add_bos(false);
+  return absl::OkStatus();
+}
+
+// What both endpoints share: streaming, sampling, stopping, n.
+absl::Status ParseCommon(const Json& body, ParsedRequest* r) {
+  v1::GenerateRequest& g = r->generate;
+  ASSIGN_OR_RETURN(std::optional<bool> stream, GetBool(body, "stream"));
+  r->stream = stream.value_or(false);
+  if (const Json* options = Field(body, "stream_options"); options != nullptr) {
+    if (!options->is_object()) return WrongType("stream_options", "an object");
+    ASSIGN_OR_RETURN(std::optional<bool> usage, GetBool(*options, "include_usage"));
+    r->include_usage = usage.value_or(false);
+  }
+
+  ASSIGN_OR_RETURN(std::optional<int64_t> n,
+                   GetInteger(body, "n", 0, std::numeric_limits<int32_t>::max()));
+  if (n.value_or(1) != 1) {
+    return Unsupported("n", "n must be 1: one choice is generated per request");
+  }
+  if (const Json* bias = Field(body, "logit_bias"); bias != nullptr) {
+    if (!bias->is_object()) return WrongType("logit_bias", "an object");
+    if (!bias->empty()) return Unsupported("logit_bias", "logit_bias is not supported");
+  }
+
+  // Floats: ranges are BuildRequest's, the same as for gRPC.
+  struct FloatField {
+    const char* name;
+    void (v1::GenerateRequest::*set)(float);
+  };
+  static constexpr FloatField kFloats[] = {
+      {"temperature", &v1::GenerateRequest::set_temperature},
+      {"top_p", &v1::GenerateRequest::set_top_p},
+      {"presence_penalty", &v1::GenerateRequest::set_presence_penalty},
+      {"frequency_penalty", &v1::GenerateRequest::set_frequency_penalty},
+      // Extensions (vLLM's names), sent by OpenAI clients through extra_body.
+      {"min_p", &v1::GenerateRequest::set_min_p},
+      {"repetition_penalty", &v1::GenerateRequest::set_repetition_penalty},
+  };
+  for (const FloatField& f : kFloats) {
+    ASSIGN_OR_RETURN(std::optional<double> value, GetNumber(body, f.name));
+    if (value.has_value()) (g.*f.set)(static_cast<float>(*value));
+  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> top_k,
+                   GetInteger(body, "top_k", -1, std::numeric_limits<int32_t>::max()));
+  if (top_k.has_value()) g.set_top_k(static_cast<int32_t>(std::max<int64_t>(*top_k, 0)));
+  ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, GetBool(body, "ignore_eos"));
+  g.set_ignore_eos(ignore_eos.value_or(false));
+
+  // OpenAI's seed is a signed 64-bit integer; the engine's is unsigned: same bits.
+  if (const Json* seed = Field(body, "seed"); seed != nullptr) {
+    if (!seed->is_number_integer()) return WrongType("seed", "an integer");
+    g.set_seed(seed->is_number_unsigned() ? seed->get<uint64_t>()
+                                          : static_cast<uint64_t>(seed->get<int64_t>()));
+  }
+
+  if (const Json* stop = Field(body, "stop"); stop != nullptr) {
+    if (stop->is_string()) {
+      g.add_stop(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const Json& s : *stop) {
+        if (!s.is_string()) return WrongType("stop", "a string or a list of strings");
+        g.add_stop(s.get<std::string>());
+      }
+    } else {
+      return WrongType("stop", "a string or a list of strings");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string_view FinishReasonName(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_EOS:
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    default:
+      return "";
+  }
+}
+
+Json FinishReasonJson(v1::FinishReason reason) {
+  const std::string_view name = FinishReasonName(reason);
+  return name.empty() ? Json() : Json(name);
+}
+
+Json UsageJson(const v1::Usage& usage) {
+  Json u = Json::object();
+  u["prompt_tokens"] = usage.prompt_tokens();
+  u["completion_tokens"] = usage.generated_tokens();
+  u["total_tokens"] = usage.prompt_tokens() + usage.generated_tokens();
+  u["prompt_tokens_details"] = {{"cached_tokens", usage.cached_prompt_tokens()}};
+  return u;
+}
+
+Json Bytes(std::string_view text) {
+  Json bytes = Json::array();
+  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+std::string_view ErrorType(int http_status) {
+  switch (http_status) {
+    case 400:
+    case 404:
+      return "invalid_request_error";
+    case 401:
+    case 403:
+      return "authentication_error";
+    case 429:
+      return "rate_limit_error";
+    default:
+      return "server_error";
+  }
+}
+
+Json ErrorJson(const absl::Status& status) {
+  const absl::optional<absl::Cord> param = status.GetPayload(kParamPayload);
+  const absl::optional<absl::Cord> code = status.GetPayload(kCodePayload);
+  Json error = Json::object();
+  error["message"] = std::string{status.message()};
+  error["type"] = ErrorType(HttpStatusFor(status));
+  error["param"] = param.has_value() ? Json(std::string{*param}) : Json();
+  error["code"] = code.has_value() ? Json(std::string{*code}) : Json();
+  return Json{{"error", std::move(error)}};
+}
+
+Json ModelJson(std::string_view model_name, int64_t created_unix_s) {
+  Json model = Json::object();
+  model["id"] = model_name;
+  model["object"] = "model";
+  model["created"] = created_unix_s;
+  model["owned_by"] = "conveyor";
+  return model;
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body,
+                                           const ParseOptions& options) {
+  const Json json = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) {
+    return absl::InvalidArgumentError("the request body is not valid JSON");
+  }
+  if (!json.is_object()) return absl::InvalidArgumentError("the request body must be an object");
+  RETURN_IF_ERROR(CheckModel(json, options));
+  ParsedRequest r;
+  r.endpoint = endpoint;
+  RETURN_IF_ERROR(ParseCommon(json, &r));
+  RETURN_IF_ERROR(endpoint == Endpoint::kChatCompletions ? ParseChat(json, &r)
+                                                         : ParseCompletions(json, &r));
+  const absl::string_view logprobs_field =
+      endpoint == Endpoint::kChatCompletions ? "top_logprobs" : "logprobs";
+  if (r.top_logprobs > options.max_logprobs) {
+    return Invalid(logprobs_field, absl::StrCat(logprobs_field, " must be in [0, ",
+                                                options.max_logprobs, "], got ", r.top_logprobs));
+  }
+  if (r.logprobs) r.generate.set_logprobs(std::max(1, r.top_logprobs));
+  return r;
+}
+
+bool ServesModel(const ParseOptions& options, std::string_view model) {
+  return model == options.model_name ||
+         std::find(options.model_aliases.begin(), options.model_aliases.end(), model) !=
+             options.model_aliases.end();
+}
+
+absl::Status ModelNotFoundError(std::string_view model, const ParseOptions& options) {
+  const absl::Status status = absl::NotFoundError(
+      absl::StrCat("The model '", std::string(model), "' does not exist; this server serves '",
+                   options.model_name, "'"));
+  return WithCode(WithParam(status, "model"), "model_not_found");
+}
+
+Json ChatTemplateContext(const ParsedRequest& request, std::string_view bos_token,
+                         std::string_view eos_token) {
+  Json context = Json::object();
+  context["messages"] = request.messages;
+  if (!request.tools.is_null()) context["tools"] = request.tools;
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = bos_token;
+  context["eos_token"] = eos_token;
+  return context;
+}
+
+void SetChatPrompt(std::string rendered, v1::GenerateRequest* generate) {
+  generate->set_add_bos(false);
+  generate->set_text(std::move(rendered));
+}
+
+absl::Status RenameBuildError(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
+  // At one position the longer match wins, so whole sentences come before "text is ".
+  std::string message = absl::StrReplaceAll(
+      status.message(), {{"text is empty; give a prompt", "the prompt is empty"},
+                         {"the prompt is empty; set text or token_ids", "the prompt is empty"},
+                         {"text is ", "the prompt is "},
+                         {"max_new_tokens", "max_tokens"},
+                         {"token_ids", "prompt"}});
+  absl::Status renamed(status.code(), message);
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { renamed.SetPayload(url, payload); });
+  return renamed;
+}
+
+absl::Status WithParam(absl::Status status, absl::string_view param) {
+  status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+absl::Status WithCode(absl::Status status, absl::string_view code) {
+  status.SetPayload(kCodePayload, absl::Cord(code));
+  return status;
+}
+
+int HttpStatusFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+std::string ErrorBody(const absl::Status& status) { return Dump(ErrorJson(status)); }
+
+std::string ErrorEvent(const absl::Status& status) {
+  return absl::StrCat("data: ", ErrorBody(status), "\n\n");
+}
+
+std::string ModelObject(std::string_view model_name, int64_t created_unix_s) {
+  return Dump(ModelJson(model_name, created_unix_s));
+}
+
+std::string ModelList(std::string_view model_name, int64_t created_unix_s) {
+  Json list = Json::object();
+  list["object"] = "list";
+  list["data"] = Json::array({ModelJson(model_name, created_unix_s)});
+  return Dump(list);
+}
+
+ResponseFormatter::ResponseFormatter(const ParsedRequest& request, std::string_view id,
+                                     int64_t created_unix_s, std::string_view model)
+    : endpoint_(request.endpoint),
+      include_usage_(request.include_usage),
+      logprobs_(request.logprobs),
+      top_logprobs_(request.top_logprobs),
+      head_{{"id", id},
+            {"object", request.endpoint == Endpoint::kChatCompletions ? "chat.completion"
+                                                                      : "text_completion"},
+            {"created", created_unix_s},
+            {"model", model}} {
+  Json chunk_head = head_;
+  if (endpoint_ == Endpoint::kChatCompletions) chunk_head["object"] = "chat.completion.chunk";
+  // The constant part of every chunk, serialised once: a chunk then costs one escaped
+  // string, not a JSON tree (CPU per streamed token is what the front end spends).
+  chunk_head_ = Dump(chunk_head);
+  chunk_head_.pop_back();  // The closing brace.
+  chunk_head_ += ",\"choices\":[";
+  logprobs_json_ = EmptyLogprobs();
+}
+
+Json ResponseFormatter::EmptyLogprobs() const {
+  if (endpoint_ == Endpoint::kChatCompletions) return Json{{"content", Json::array()}};
+  return Json{{"tokens", Json::array()},
+              {"token_logprobs", Json::array()},
+              {"top_logprobs", Json::array()},
+              {"text_offset", Json::array()}};
+}
+
+void ResponseFormatter::AppendLogprobs(const v1::GenerateResponse& message, Json* out) {
+  for (const v1::TokenLogprobs& lp : message.logprobs()) {
+    const int top = std::min(top_logprobs_, lp.top_size());
+    if (endpoint_ == Endpoint::kChatCompletions) {
+      Json entry = Json::object();
+      entry["token"] = lp.token().text();
+      entry["logprob"] = lp.token().logprob();
+      entry["bytes"] = Bytes(lp.token().text());
+      Json alternatives = Json::array();
+      for (int i = 0; i < top; ++i) {
+        alternatives.push_back({{"token", lp.top(i).text()},
+                                {"logprob", lp.top(i).logprob()},
+                                {"bytes", Bytes(lp.top(i).text())}});
+      }
+      entry["top_logprobs"] = std::move(alternatives);
+      (*out)["content"].push_back(std::move(entry));
+      continue;
+    }
+    (*out)["tokens"].push_back(lp.token().text());
+    (*out)["token_logprobs"].push_back(lp.token().logprob());
+    // A dict keyed by token text, as OpenAI's: alternatives with the same text keep the
+    // most likely one's value.
+    Json alternatives = Json::object();
+    for (int i = 0; i < top; ++i) {
+      if (!alternatives.contains(lp.top(i).text())) {
+        alternatives[lp.top(i).text()] = lp.top(i).logprob();
+      }
+    }
+    (*out)["top_logprobs"].push_back(top_logprobs_ > 0 ? std::move(alternatives) : Json());
+    // Offsets count the bytes of the tokens before this one; held-back stop-string text
+    // is not subtracted.
+    (*out)["text_offset"].push_back(text_offset_);
+    text_offset_ += static_cast<int>(lp.token().text().size());
+  }
+}
+
+std::string ResponseFormatter::Chunk(absl::string_view choice) const {
+  return absl::StrCat("data: ", chunk_head_, choice, include_usage_ ? "],\"usage\":null}" : "]}",
+                      "\n\n");
+}
+
+void ResponseFormatter::AppendStart(std::string* sse) const {
+  if (endpoint_ != Endpoint::kChatCompletions) return;
+  sse->append(Chunk(
+      R"({"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null})"));
+}
+
+void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::string* sse) {
+  const bool final = message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  const bool has_logprobs = logprobs_ && message.logprobs_size() > 0;
+  std::string logprobs = "null";
+  if (has_logprobs) {
+    Json lp = EmptyLogprobs();
+    AppendLogprobs(message, &lp);
+    logprobs = Dump(lp);
+  }
+  const std::string finish = Dump(FinishReasonJson(message.finish_reason()));
+  if (endpoint_ == Endpoint::kCompletions) {
+    if (!message.text().empty() || has_logprobs || final) {
+      sse->append(
+          Chunk(absl::StrCat(R"({"index":0,"text":)", Dump(Json(message.text())), R"(,"logprobs":)",
+                             logprobs, R"(,"finish_reason":)", finish, "}")));
+    }
+  } else {
+    if (!message.text().empty() || has_logprobs) {
+      sse->append(
+          Chunk(absl::StrCat(R"({"index":0,"delta":{"content":)", Dump(Json(message.text())),
+                             R"(},"logprobs":)", logprobs, R"(,"finish_reason":null})")));
+    }
+    // OpenAI ends a chat stream's choice with an empty delta carrying the reason.
+    if (final) {
+      sse->append(Chunk(
+          absl::StrCat(R"({"index":0,"delta":{},"logprobs":null,"finish_reason":)", finish, "}")));
+    }
+  }
+  if (!final) return;
+  if (include_usage_) {
+    absl::StrAppend(sse, "data: ", chunk_head_, "],\"usage\":", Dump(UsageJson(message.usage())),
+                    "}\n\n");
+  }
+  sse->append("data: [DONE]\n\n");
+}
+
+void ResponseFormatter::Add(const v1::GenerateResponse& message) {
+  text_ += message.text();
+  if (logprobs_) AppendLogprobs(message, &logprobs_json_);
+  if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+    finish_reason_ = message.finish_reason();
+    usage_ = message.usage();
+  }
+}
+
+std::string ResponseFormatter::Body() const {
+  Json choice = Json::object();
+  choice["index"] = 0;
+  if (endpoint_ == Endpoint::kChatCompletions) {
+    choice["message"] = {{"role", "assistant"}, {"content", text_}};
+  } else {
+    choice["text"] = text_;
+  }
+  choice["logprobs"] = logprobs_ ? logprobs_json_ : Json();
+  choice["finish_reason"] = FinishReasonJson(finish_reason_);
+  Json body = head_;
+  body["choices"] = Json::array({std::move(choice)});
+  body["usage"] = UsageJson(usage_);
+  return Dump(body);
+}
+
+}  // namespace conveyor::scheduler::openai

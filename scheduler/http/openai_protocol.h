@@ -1,0 +1,154 @@
+// The wire format of the OpenAI-compatible HTTP API (docs/http-api.md): turns the JSON
+// bodies of POST /v1/completions and /v1/chat/completions into the scheduler's
+// GenerateRequest, and the engine's GenerateResponse messages back into OpenAI's objects,
+// whole or as Server-Sent Events. Pure logic: no sockets, engine or threads, so every field
+// rule is tested on its own (openai_protocol_test.cc); http_server.h does the transport.
+//
+// Errors are absl::Status values up to the HTTP boundary, where HttpStatusFor and
+// ErrorBody turn them into OpenAI's {"error": {message, type, param, code}} with the
+// matching HTTP status. A status may carry the request field at fault ("param") and an
+// OpenAI error code as payloads (WithParam, WithCode).
+//
+// JSON is nlohmann::ordered_json throughout: the chat template must see the message and
+// tool objects' keys in the order the client sent them (as Python would), and responses
+// read best with "id" first. Nothing here throws: bodies are parsed with exceptions off
+// and every value's type is checked before it is read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "conveyor.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace conveyor::scheduler::openai {
+
+using Json = nlohmann::ordered_json;
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// What a request is checked against.
+struct ParseOptions {
+  // The served model: what responses and /v1/models call it.
+  std::string model_name;
+  // Other names a request's `model` may use for it (the --model path as given).
+  std::vector<std::string> model_aliases;
+  // The most alternatives `logprobs` / `top_logprobs` may ask for (ServingLimits').
+  int max_logprobs = 20;
+};
+
+// OpenAI's default for /v1/completions when max_tokens is absent (chat requests without a
+// limit get the server's --default_max_new_tokens, as gRPC ones do).
+inline constexpr int kCompletionsDefaultMaxTokens = 16;
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  // The engine's request: sampling, stopping, logprobs and, for completions, the prompt.
+  // A chat request's prompt is set by SetChatPrompt once the template has rendered it.
+  v1::GenerateRequest generate;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  // Log-probabilities as the client asked for them: none, or the chosen token's plus
+  // `top_logprobs` alternatives. generate.logprobs asks the engine for at least one,
+  // because the engine reports the chosen token's only together with alternatives.
+  bool logprobs = false;
+  int top_logprobs = 0;
+  // Chat only: the messages (content parts joined into one string) and the tools (null
+  // when absent or tool_choice is "none"), in the client's key order.
+  Json messages;
+  Json tools;
+};
+
+// Parses and checks a request body. INVALID_ARGUMENT names the field (also as the param
+// payload); an unknown model is NOT_FOUND with code "model_not_found". Sampling ranges and
+// the limits that depend on the model are left to BuildRequest, as for gRPC requests.
+absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body,
+                                           const ParseOptions& options);
+
+// Whether a request's `model` names the served model (its name or an alias).
+bool ServesModel(const ParseOptions& options, std::string_view model);
+// NOT_FOUND "model_not_found" for a `model` this server does not serve.
+absl::Status ModelNotFoundError(std::string_view model, const ParseOptions& options);
+
+// The chat template's variables for `request`: messages, tools (when given),
+// add_generation_prompt = true, bos_token and eos_token.
+Json ChatTemplateContext(const ParsedRequest& request, std::string_view bos_token,
+                         std::string_view eos_token);
+
+// Makes the rendered chat prompt the request's text, with add_bos false: a template that
+// wants a BOS writes its text itself, and the tokenizer turns special-token text into its
+// id (common/tokenizer.h), as Hugging Face's apply_chat_template + encode(...,
+// add_special_tokens=False) does. Adding BOS again would double it.
+void SetChatPrompt(std::string rendered, v1::GenerateRequest* generate);
+
+// BuildRequest names the gRPC fields in its messages (max_new_tokens, token_ids, text);
+// returns `status` with the names this API's clients know instead.
+absl::Status RenameBuildError(const absl::Status& status);
+
+// --- Errors ---
+
+// `status` with the request field at fault, reported as the error's "param".
+absl::Status WithParam(absl::Status status, absl::string_view param);
+// `status` with an OpenAI error code ("model_not_found", "unknown_url", ...).
+absl::Status WithCode(absl::Status status, absl::string_view code);
+// 400 for bad input, 401/403 for credentials, 404, 429 (queue full), 503 (not ready,
+// draining or failed workers), 500 otherwise.
+int HttpStatusFor(const absl::Status& status);
+// {"error": {"message", "type", "param", "code"}} for a non-OK `status`.
+std::string ErrorBody(const absl::Status& status);
+// The same as one SSE event, for an error after a stream has started.
+std::string ErrorEvent(const absl::Status& status);
+
+// --- Responses ---
+
+// GET /v1/models, and GET /v1/models/{model} (ModelObject).
+std::string ModelList(std::string_view model_name, int64_t created_unix_s);
+std::string ModelObject(std::string_view model_name, int64_t created_unix_s);
+
+// Writes one request's answer in OpenAI's shape, either as SSE events (AppendStart, then
+// AppendEvents per engine message) or as one body (Add per message, then Body).
+class ResponseFormatter {
+ public:
+  // `id`: "cmpl-N" or "chatcmpl-N"; `model`: the served model's name.
+  ResponseFormatter(const ParsedRequest& request, std::string_view id, int64_t created_unix_s,
+                    std::string_view model);
+
+  // The events that open a stream (chat: the assistant role's delta; completions: none).
+  void AppendStart(std::string* sse) const;
+  // The events for one engine message. Messages with no text and nothing else to say
+  // (text held back for a stop string) produce none. After the final message: the
+  // finish chunk, the usage chunk when asked for, and "data: [DONE]".
+  void AppendEvents(const v1::GenerateResponse& message, std::string* sse);
+
+  // Non-streaming: collects one engine message.
+  void Add(const v1::GenerateResponse& message);
+  // The text_completion / chat.completion object, once the final message was added.
+  std::string Body() const;
+
+ private:
+  // Appends `message`'s token log-probabilities to `out`: completions' parallel arrays
+  // (tokens, token_logprobs, top_logprobs, text_offset) or chat's content list.
+  void AppendLogprobs(const v1::GenerateResponse& message, Json* out);
+  Json EmptyLogprobs() const;
+  std::string Chunk(absl::string_view choice) const;
+
+  const Endpoint endpoint_;
+  const bool include_usage_;
+  const bool logprobs_;
+  const int top_logprobs_;
+  const Json head_;         // id, object, created, model.
+  std::string chunk_head_;  // A chunk's JSON up to its choices: {"id":...,"choices":[
+  int text_offset_ = 0;     // Completions' text_offset of the next token.
+  // Non-streaming state.
+  std::string text_;
+  Json logprobs_json_;
+  v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage_;
+};
+
+}  // namespace conveyor::scheduler::openai

@@ -1,0 +1,400 @@
+// The OpenAI wire format on its own: request fields into GenerateRequest, the errors each
+// bad field gives, and engine messages into OpenAI's objects and SSE chunks. The HTTP
+// server and a real client are tested in tests/http/.
+#include "scheduler/http/openai_protocol.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace conveyor::scheduler::openai {
+namespace {
+
+using ::testing::HasSubstr;
+
+ParseOptions Options() {
+  ParseOptions o;
+  o.model_name = "tiny";
+  o.model_aliases = {"/models/tiny"};
+  o.max_logprobs = 20;
+  return o;
+}
+
+absl::StatusOr<ParsedRequest> Completions(const std::string& body) {
+  return ParseRequest(Endpoint::kCompletions, body, Options());
+}
+
+absl::StatusOr<ParsedRequest> Chat(const std::string& body) {
+  return ParseRequest(Endpoint::kChatCompletions, body, Options());
+}
+
+std::string ParamOf(const absl::Status& status) {
+  const Json body = Json::parse(ErrorBody(status));
+  return body["error"]["param"].is_string() ? body["error"]["param"].get<std::string>() : "";
+}
+
+// The JSON objects of an SSE text, "[DONE]" as the string "[DONE]".
+std::vector<Json> Events(const std::string& sse) {
+  std::vector<Json> events;
+  size_t pos = 0;
+  while ((pos = sse.find("data: ", pos)) != std::string::npos) {
+    const size_t end = sse.find("\n\n", pos);
+    const std::string data = sse.substr(pos + 6, end - pos - 6);
+    events.push_back(data == "[DONE]" ? Json("[DONE]") : Json::parse(data));
+    pos = end + 2;
+  }
+  return events;
+}
+
+v1::GenerateResponse Message(const std::string& text, v1::FinishReason reason = {}) {
+  v1::GenerateResponse m;
+  m.add_token_ids(7);
+  m.set_text(text);
+  if (reason != v1::FINISH_REASON_UNSPECIFIED) {
+    m.set_finish_reason(reason);
+    m.mutable_usage()->set_prompt_tokens(5);
+    m.mutable_usage()->set_generated_tokens(3);
+    m.mutable_usage()->set_cached_prompt_tokens(4);
+  }
+  return m;
+}
+
+TEST(ParseRequestTest, CompletionsFieldsMapToTheGenerateRequest) {
+  auto r = Completions(R"({"model": "tiny", "prompt": "Hello", "max_tokens": 7,
+      "temperature": 0.5, "top_p": 0.9, "stop": ["a", "b"], "seed": -1, "n": 1,
+      "presence_penalty": 0.1, "frequency_penalty": 0.2, "user": "x", "stream": true,
+      "stream_options": {"include_usage": true}, "logprobs": 2, "top_k": 40,
+      "ignore_eos": true, "echo": false, "best_of": 1, "suffix": null})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::GenerateRequest& g = r->generate;
+  EXPECT_EQ(g.text(), "Hello");
+  EXPECT_EQ(g.max_new_tokens(), 7);
+  EXPECT_FLOAT_EQ(g.temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(g.top_p(), 0.9f);
+  EXPECT_FLOAT_EQ(g.presence_penalty(), 0.1f);
+  EXPECT_FLOAT_EQ(g.frequency_penalty(), 0.2f);
+  EXPECT_THAT(std::vector<std::string>(g.stop().begin(), g.stop().end()),
+              ::testing::ElementsAre("a", "b"));
+  EXPECT_EQ(g.seed(), ~uint64_t{0});
+  EXPECT_EQ(g.logprobs(), 2);
+  EXPECT_EQ(g.top_k(), 40);
+  EXPECT_TRUE(g.ignore_eos());
+  EXPECT_FALSE(g.has_add_bos());
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->top_logprobs, 2);
+}
+
+TEST(ParseRequestTest, CompletionsDefaultsFollowOpenAi) {
+  auto r = Completions(R"({"model": "/models/tiny", "prompt": [1, 2, 3], "logprobs": 0})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(
+      std::vector<int>(r->generate.token_ids().ids().begin(), r->generate.token_ids().ids().end()),
+      ::testing::ElementsAre(1, 2, 3));
+  EXPECT_EQ(r->generate.max_new_tokens(), kCompletionsDefaultMaxTokens);
+  EXPECT_FALSE(r->generate.has_temperature());
+  EXPECT_FALSE(r->stream);
+  // logprobs 0 still reports the chosen token's, so the engine is asked for one.
+  EXPECT_TRUE(r->logprobs);
+  EXPECT_EQ(r->top_logprobs, 0);
+  EXPECT_EQ(r->generate.logprobs(), 1);
+
+  auto bare = Completions(R"({"prompt": "<|user|>hi", "add_special_tokens": false})");
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_TRUE(bare->generate.has_add_bos());
+  EXPECT_FALSE(bare->generate.add_bos());
+  auto framed = Completions(R"({"prompt": "hi", "add_special_tokens": true})");
+  ASSERT_TRUE(framed.ok()) << framed.status();
+  EXPECT_FALSE(framed->generate.has_add_bos());  // The model's usual framing.
+}
+
+TEST(ParseRequestTest, ABatchOfOnePromptIsThatPrompt) {
+  auto text = Completions(R"({"prompt": ["Hi"]})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->generate.text(), "Hi");
+  auto ids = Completions(R"({"prompt": [[4, 5]]})");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->generate.token_ids().ids_size(), 2);
+}
+
+TEST(ParseRequestTest, BadRequestsNameTheField) {
+  struct Case {
+    std::string body;
+    std::string param;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"({"prompt": ["a", "b"]})", "prompt", "only one prompt per request"},
+      {R"({"prompt": ""})", "prompt", "prompt is empty"},
+      {R"({"prompt": [1, "x"]})", "prompt", "token ids must be integers"},
+      {R"({"prompt": [1, 3000000000]})", "prompt", "token ids must be integers"},
+      {R"({})", "prompt", "prompt is required"},
+      {R"({"prompt": "a", "n": 2})", "n", "n must be 1"},
+      {R"({"prompt": "a", "temperature": "hot"})", "temperature", "must be a number"},
+      {R"({"prompt": "a", "max_tokens": 0})", "max_tokens", "max_tokens must be in [1,"},
+      {R"({"prompt": "a", "max_tokens": 1.5})", "max_tokens", "must be an integer"},
+      {R"({"prompt": "a", "echo": true})", "echo", "echo is not supported"},
+      {R"({"prompt": "a", "best_of": 3})", "best_of", "best_of must be 1"},
+      {R"({"prompt": "a", "suffix": "x"})", "suffix", "suffix is not supported"},
+      {R"({"prompt": "a", "logprobs": 21})", "logprobs", "logprobs must be in [0, 20]"},
+      {R"({"prompt": "a", "logprobs": true})", "logprobs", "must be an integer"},
+      {R"({"prompt": "a", "stop": 3})", "stop", "a string or a list of strings"},
+      {R"({"prompt": "a", "stream": "yes"})", "stream", "true or false"},
+      {R"({"prompt": "a", "logit_bias": {"1": 5}})", "logit_bias", "not supported"},
+      {R"({"prompt": "a", "seed": "1"})", "seed", "an integer"},
+  };
+  for (const Case& c : cases) {
+    auto r = Completions(c.body);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(HttpStatusFor(r.status()), 400) << c.body;
+    EXPECT_EQ(ParamOf(r.status()), c.param) << c.body;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.message)) << c.body;
+  }
+}
+
+TEST(ParseRequestTest, NotJsonIsABadRequest) {
+  for (const char* body : {"{", "[1]", "", "null"}) {
+    auto r = Completions(body);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(HttpStatusFor(r.status()), 400) << body;
+  }
+}
+
+TEST(ParseRequestTest, AnUnknownModelIsNotFound) {
+  auto r = Completions(R"({"model": "gpt-4", "prompt": "a"})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(HttpStatusFor(r.status()), 404);
+  const Json error = Json::parse(ErrorBody(r.status()))["error"];
+  EXPECT_EQ(error["code"], "model_not_found");
+  EXPECT_EQ(error["type"], "invalid_request_error");
+  EXPECT_EQ(error["param"], "model");
+  EXPECT_THAT(error["message"].get<std::string>(), HasSubstr("'tiny'"));
+}
+
+TEST(ParseRequestTest, ChatMessagesKeepTheirKeysAndJoinTextParts) {
+  auto r = Chat(R"({"model": "tiny", "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "name": "ann", "content": [{"type": "text", "text": "a"},
+                                                   {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "1"}]},
+      {"role": "tool", "tool_call_id": "1", "content": "42"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}],
+      "max_completion_tokens": 9, "max_tokens": 3, "logprobs": true, "top_logprobs": 3})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_EQ(r->messages[1]["content"], "a\nb");
+  EXPECT_EQ(r->messages[1].begin().key(), "role");  // The client's key order.
+  EXPECT_EQ(r->messages[1]["name"], "ann");
+  EXPECT_TRUE(r->messages[2]["content"].is_null());
+  EXPECT_EQ(r->messages[3]["tool_call_id"], "1");
+  EXPECT_EQ(r->tools.size(), 1u);
+  EXPECT_EQ(r->generate.max_new_tokens(), 9);  // max_completion_tokens wins.
+  EXPECT_EQ(r->top_logprobs, 3);
+  EXPECT_EQ(r->generate.logprobs(), 3);
+
+  const Json context = ChatTemplateContext(*r, "<s>", "</s>");
+  EXPECT_EQ(context["messages"], r->messages);
+  EXPECT_EQ(context["tools"], r->tools);
+  EXPECT_EQ(context["add_generation_prompt"], true);
+  EXPECT_EQ(context["bos_token"], "<s>");
+  EXPECT_EQ(context["eos_token"], "</s>");
+}
+
+TEST(ParseRequestTest, ChatWithoutLimitsLeavesThemToTheServer) {
+  auto r = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none",
+                    "tools": [{"type": "function"}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->generate.has_max_new_tokens());
+  EXPECT_TRUE(r->tools.is_null());  // tool_choice "none" hides them from the template.
+  EXPECT_FALSE(ChatTemplateContext(*r, "", "").contains("tools"));
+}
+
+TEST(ParseRequestTest, BadChatRequestsNameTheField) {
+  struct Case {
+    std::string body;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {R"({"messages": []})", "messages"},
+      {R"({"messages": "hi"})", "messages"},
+      {R"({"messages": [{"role": "wizard", "content": "x"}]})", "messages[0].role"},
+      {R"({"messages": [{"content": "x"}]})", "messages[0].role"},
+      {R"({"messages": [{"role": "user"}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       "messages[0].content[0].type"},
+      {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true,
+           "top_logprobs": 21})",
+       "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "response_format": {"type": "json_object"}})",
+       "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", "n"},
+  };
+  for (const Case& c : cases) {
+    auto r = Chat(c.body);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(HttpStatusFor(r.status()), 400) << c.body;
+    EXPECT_EQ(ParamOf(r.status()), c.param) << c.body << ": " << r.status();
+  }
+}
+
+TEST(SetChatPromptTest, TheRenderedTextIsThePromptWithoutAnotherBos) {
+  v1::GenerateRequest g;
+  SetChatPrompt("<s>[INST] hi [/INST]", &g);
+  EXPECT_EQ(g.text(), "<s>[INST] hi [/INST]");
+  EXPECT_TRUE(g.has_add_bos());
+  EXPECT_FALSE(g.add_bos());
+}
+
+TEST(ErrorsTest, StatusCodesMapToHttpStatuses) {
+  EXPECT_EQ(HttpStatusFor(absl::InvalidArgumentError("")), 400);
+  EXPECT_EQ(HttpStatusFor(absl::UnauthenticatedError("")), 401);
+  EXPECT_EQ(HttpStatusFor(absl::NotFoundError("")), 404);
+  EXPECT_EQ(HttpStatusFor(absl::ResourceExhaustedError("")), 429);
+  EXPECT_EQ(HttpStatusFor(absl::UnavailableError("")), 503);
+  EXPECT_EQ(HttpStatusFor(absl::InternalError("")), 500);
+  EXPECT_EQ(HttpStatusFor(absl::DeadlineExceededError("")), 500);
+  const Json error = Json::parse(ErrorBody(absl::ResourceExhaustedError("queue full")))["error"];
+  EXPECT_EQ(error["message"], "queue full");
+  EXPECT_EQ(error["type"], "rate_limit_error");
+  EXPECT_TRUE(error["param"].is_null());
+  EXPECT_TRUE(error["code"].is_null());
+  EXPECT_EQ(ErrorEvent(absl::UnavailableError("gone")).rfind("data: {\"error\":", 0), 0u);
+}
+
+TEST(ErrorsTest, BuildErrorsUseThisApisFieldNames) {
+  const absl::Status renamed = RenameBuildError(absl::InvalidArgumentError(
+      "prompt (9 tokens) + max_new_tokens (5000) exceeds the model's context of 2048 tokens"));
+  EXPECT_EQ(renamed.message(),
+            "prompt (9 tokens) + max_tokens (5000) exceeds the model's context of 2048 tokens");
+  EXPECT_THAT(
+      RenameBuildError(absl::InvalidArgumentError("token_ids holds 9999, outside")).message(),
+      HasSubstr("prompt holds 9999"));
+  EXPECT_EQ(RenameBuildError(absl::InvalidArgumentError("text is empty; give a prompt")).message(),
+            "the prompt is empty");
+  EXPECT_EQ(RenameBuildError(absl::InvalidArgumentError("text is 99 bytes: more")).message(),
+            "the prompt is 99 bytes: more");
+}
+
+TEST(ResponseFormatterTest, CompletionsStream) {
+  auto r = Completions(R"({"prompt": "a", "stream": true,
+                           "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(r.ok());
+  ResponseFormatter f(*r, "cmpl-1", 1700000000, "tiny");
+  std::string sse;
+  f.AppendStart(&sse);
+  EXPECT_EQ(sse, "");
+  f.AppendEvents(Message("Hel"), &sse);
+  f.AppendEvents(Message(""), &sse);  // Held back: nothing to send.
+  f.AppendEvents(Message("lo", v1::FINISH_REASON_EOS), &sse);
+  const std::vector<Json> events = Events(sse);
+  ASSERT_EQ(events.size(), 4u) << sse;
+  EXPECT_EQ(events[0]["id"], "cmpl-1");
+  EXPECT_EQ(events[0]["object"], "text_completion");
+  EXPECT_EQ(events[0]["created"], 1700000000);
+  EXPECT_EQ(events[0]["model"], "tiny");
+  EXPECT_EQ(events[0]["choices"][0]["text"], "Hel");
+  EXPECT_TRUE(events[0]["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(events[0].contains("usage") && events[0]["usage"].is_null());
+  EXPECT_EQ(events[1]["choices"][0]["text"], "lo");
+  EXPECT_EQ(events[1]["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(events[2]["choices"].empty());
+  EXPECT_EQ(events[2]["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(events[2]["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(events[2]["usage"]["total_tokens"], 8);
+  EXPECT_EQ(events[2]["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+  EXPECT_EQ(events[3], "[DONE]");
+}
+
+TEST(ResponseFormatterTest, ChatStreamOpensWithTheRoleAndEndsWithAnEmptyDelta) {
+  auto r = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "stream": true})");
+  ASSERT_TRUE(r.ok());
+  ResponseFormatter f(*r, "chatcmpl-2", 1, "tiny");
+  std::string sse;
+  f.AppendStart(&sse);
+  f.AppendEvents(Message("Hi"), &sse);
+  f.AppendEvents(Message("", v1::FINISH_REASON_LENGTH), &sse);
+  const std::vector<Json> events = Events(sse);
+  ASSERT_EQ(events.size(), 4u) << sse;
+  EXPECT_EQ(events[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(events[1]["choices"][0]["delta"]["content"], "Hi");
+  EXPECT_TRUE(events[2]["choices"][0]["delta"].empty());
+  EXPECT_EQ(events[2]["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(events[2].contains("usage"));
+  EXPECT_EQ(events[3], "[DONE]");
+}
+
+TEST(ResponseFormatterTest, WholeBodies) {
+  auto chat = Chat(R"({"messages": [{"role": "user", "content": "hi"}]})");
+  ASSERT_TRUE(chat.ok());
+  ResponseFormatter f(*chat, "chatcmpl-3", 1, "tiny");
+  f.Add(Message("Hello"));
+  f.Add(Message(" there", v1::FINISH_REASON_STOP));
+  const Json body = Json::parse(f.Body());
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "Hello there");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(body["usage"]["total_tokens"], 8);
+}
+
+v1::GenerateResponse WithLogprobs(const std::string& text) {
+  v1::GenerateResponse m = Message(text);
+  v1::TokenLogprobs* lp = m.add_logprobs();
+  lp->mutable_token()->set_text(text);
+  lp->mutable_token()->set_logprob(-0.5f);
+  for (const char* alt : {"x", "y", "x"}) {
+    v1::TokenLogprob* t = lp->add_top();
+    t->set_text(alt);
+    t->set_logprob(-1.0f);
+  }
+  return m;
+}
+
+TEST(ResponseFormatterTest, CompletionsLogprobs) {
+  auto r = Completions(R"({"prompt": "a", "logprobs": 2})");
+  ASSERT_TRUE(r.ok());
+  ResponseFormatter f(*r, "cmpl-4", 1, "tiny");
+  f.Add(WithLogprobs("ab"));
+  f.Add(WithLogprobs("c"));
+  const Json lp = Json::parse(f.Body())["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], Json::array({"ab", "c"}));
+  EXPECT_EQ(lp["token_logprobs"], Json::array({-0.5, -0.5}));
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);  // The first two alternatives.
+  EXPECT_EQ(lp["text_offset"], Json::array({0, 2}));
+}
+
+TEST(ResponseFormatterTest, ChatLogprobsStream) {
+  auto r = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+                    "stream": true})");
+  ASSERT_TRUE(r.ok());
+  ResponseFormatter f(*r, "chatcmpl-5", 1, "tiny");
+  std::string sse;
+  f.AppendEvents(WithLogprobs(""), &sse);  // No text, but its logprobs still go out.
+  const std::vector<Json> events = Events(sse);
+  ASSERT_EQ(events.size(), 1u);
+  const Json entry = events[0]["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(entry["token"], "");
+  EXPECT_EQ(entry["logprob"], -0.5);
+  EXPECT_TRUE(entry["top_logprobs"].empty());  // top_logprobs was not asked for.
+}
+
+TEST(ModelsTest, ListsTheServedModel) {
+  const Json list = Json::parse(ModelList("tiny", 5));
+  EXPECT_EQ(list["object"], "list");
+  EXPECT_EQ(list["data"][0]["id"], "tiny");
+  EXPECT_EQ(list["data"][0]["object"], "model");
+}
+
+}  // namespace
+}  // namespace conveyor::scheduler::openai

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""The OpenAI-compatible HTTP API as its users see it: the real `openai` package and curl.
+
+Run by tests/http/http_api_test.cc, which starts a real conveyor-scheduler (with
+--http_port) and conveyor-worker on the tiny test model and checks the server's side
+(metrics) around each run. One test method per invocation:
+
+    openai_client_test.py --base-url http://127.0.0.1:PORT --model NAME TEST_NAME
+
+The last line on stdout is "conveyor-http-test: PASS" or "conveyor-http-test: FAIL"; the
+unittest report goes to stderr. Every check is deterministic (greedy or seeded sampling);
+waits have limits only so that a hung server fails the test instead of stalling it.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import unittest
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+ARGS = None
+
+# http_api_test.cc writes the test model's chat template; these messages render as
+# RENDERED (bos_token "<s>", eos_token "</s>", from its tokenizer_config.json).
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": "hi"}]},
+]
+RENDERED = "<s><|system|>You are terse.</s><|user|>Say\nhi</s><|assistant|>"
+
+PROMPT = "Once upon a time"
+
+
+def post(path, body, raw=False):
+    """POSTs `body` (JSON, or bytes when raw); returns (status, parsed JSON body)."""
+    data = body if raw else json.dumps(body).encode()
+    request = urllib.request.Request(ARGS.base_url + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def get(path):
+    try:
+        with urllib.request.urlopen(ARGS.base_url + path, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+class OpenAiClientTest(unittest.TestCase):
+    maxDiff = None
+
+    @classmethod
+    def setUpClass(cls):
+        # No retries: a failure must show as it happened.
+        cls.client = openai.OpenAI(base_url=ARGS.base_url + "/v1", api_key="unused",
+                                   max_retries=0, timeout=300)
+
+    def complete(self, prompt=PROMPT, **kwargs):
+        kwargs.setdefault("max_tokens", 12)
+        kwargs.setdefault("temperature", 0)
+        kwargs.setdefault("extra_body", {"ignore_eos": True})
+        return self.client.completions.create(model=ARGS.model, prompt=prompt, **kwargs)
+
+    def stream_completion(self, prompt=PROMPT, **kwargs):
+        """Streams a completion; returns (text, chunks)."""
+        chunks = list(self.complete(prompt, stream=True, **kwargs))
+        return "".join(c.choices[0].text for c in chunks if c.choices), chunks
+
+    def chat(self, **kwargs):
+        kwargs.setdefault("max_tokens", 12)
+        kwargs.setdefault("temperature", 0)
+        kwargs.setdefault("extra_body", {"ignore_eos": True})
+        return self.client.chat.completions.create(model=ARGS.model, messages=MESSAGES,
+                                                   **kwargs)
+
+    def assertErrorShape(self, body, status):
+        self.assertEqual(set(body), {"error"}, body)
+        self.assertEqual(set(body["error"]), {"message", "type", "param", "code"}, body)
+        self.assertTrue(body["error"]["message"], body)
+
+    # --- Tests ---
+
+    def test_models_and_health(self):
+        models = self.client.models.list().data
+        self.assertEqual([m.id for m in models], [ARGS.model])
+        self.assertEqual(models[0].object, "model")
+        self.assertEqual(self.client.models.retrieve(ARGS.model).id, ARGS.model)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.models.retrieve("no-such-model")
+        self.assertEqual(get("/health"), (200, {"status": "serving"}))
+
+    def test_completion_whole_and_streamed_agree(self):
+        whole = self.complete(max_tokens=12)
+        choice = whole.choices[0]
+        self.assertTrue(whole.id.startswith("cmpl-"), whole.id)
+        self.assertEqual(whole.object, "text_completion")
+        self.assertEqual(whole.model, ARGS.model)
+        self.assertGreater(whole.created, 1600000000)
+        self.assertEqual(choice.finish_reason, "length")
+        self.assertIsNone(choice.logprobs)
+        self.assertTrue(choice.text)
+        self.assertEqual(whole.usage.completion_tokens, 12)
+        self.assertGreater(whole.usage.prompt_tokens, 1)
+        self.assertEqual(whole.usage.total_tokens,
+                         whole.usage.prompt_tokens + whole.usage.completion_tokens)
+
+        text, chunks = self.stream_completion(max_tokens=12,
+                                              stream_options={"include_usage": True})
+        self.assertEqual(text, choice.text)
+        self.assertTrue(all(c.object == "text_completion" for c in chunks))
+        self.assertEqual(len({c.id for c in chunks}), 1)
+        self.assertEqual(chunks[-2].choices[0].finish_reason, "length")
+        self.assertTrue(all(c.choices[0].finish_reason is None for c in chunks[:-2]))
+        # include_usage: a last chunk with the usage and no choices; the others say null.
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 12)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, whole.usage.prompt_tokens)
+        self.assertTrue(all(c.usage is None for c in chunks[:-1]))
+
+        # Without include_usage no chunk has a usage; token-id prompts work too.
+        text, chunks = self.stream_completion(prompt=[1, 400, 300, 200], max_tokens=5)
+        self.assertTrue(all(c.usage is None for c in chunks))
+        self.assertEqual(chunks[-1].choices[0].finish_reason, "length")
+        self.assertEqual(self.complete(prompt=[1, 400, 300, 200], max_tokens=5)
+                         .choices[0].text, text)
+
+    def test_default_max_tokens_is_openais_16(self):
+        response = self.client.completions.create(model=ARGS.model, prompt=PROMPT,
+                                                  temperature=0, extra_body={"ignore_eos": True})
+        self.assertEqual(response.usage.completion_tokens, 16)
+
+    def test_chat_whole_and_streamed_agree_with_the_rendered_prompt(self):
+        whole = self.chat()
+        choice = whole.choices[0]
+        self.assertTrue(whole.id.startswith("chatcmpl-"), whole.id)
+        self.assertEqual(whole.object, "chat.completion")
+        self.assertEqual(choice.message.role, "assistant")
+        self.assertEqual(choice.finish_reason, "length")
+        self.assertEqual(whole.usage.completion_tokens, 12)
+        # The chat prompt is exactly the template's text, with no BOS added to it.
+        reference = self.complete(prompt=RENDERED,
+                                  extra_body={"ignore_eos": True, "add_special_tokens": False})
+        self.assertEqual(choice.message.content, reference.choices[0].text)
+        self.assertEqual(whole.usage.prompt_tokens, reference.usage.prompt_tokens)
+
+        chunks = list(self.chat(stream=True, stream_options={"include_usage": True}))
+        self.assertTrue(all(c.object == "chat.completion.chunk" for c in chunks))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        self.assertEqual(content, choice.message.content)
+        self.assertEqual(chunks[-2].choices[0].finish_reason, "length")
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 12)
+
+        # max_completion_tokens is the newer name of max_tokens.
+        short = self.client.chat.completions.create(
+            model=ARGS.model, messages=MESSAGES, temperature=0, max_completion_tokens=3,
+            extra_body={"ignore_eos": True})
+        self.assertEqual(short.usage.completion_tokens, 3)
+
+    def test_stop_strings(self):
+        base = self.complete(max_tokens=24).choices[0].text
+        # A printable stop string whose first occurrence is a few characters in.
+        start = next(i for i in range(3, len(base) - 3)
+                     if base.find(base[i:i + 3]) == i
+                     and all(32 < ord(c) < 127 for c in base[i:i + 3]))
+        stop = base[start:start + 3]
+        for stop_arg in (stop, [stop, "\u2603never"]):
+            stopped = self.complete(max_tokens=24, stop=stop_arg)
+            self.assertEqual(stopped.choices[0].text, base[:start], stop_arg)
+            self.assertEqual(stopped.choices[0].finish_reason, "stop")
+            self.assertLess(stopped.usage.completion_tokens, 24)
+        text, chunks = self.stream_completion(max_tokens=24, stop=stop)
+        self.assertEqual(text, base[:start])
+        self.assertEqual(chunks[-1].choices[0].finish_reason, "stop")
+
+    def test_logprobs(self):
+        whole = self.complete(max_tokens=6, logprobs=3)
+        lp = whole.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), 6)
+        self.assertEqual(len(lp.token_logprobs), 6)
+        self.assertEqual(len(lp.text_offset), 6)
+        self.assertEqual(len(lp.top_logprobs), 6)
+        for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+            self.assertLessEqual(chosen, 0)
+            self.assertTrue(1 <= len(top) <= 3, top)
+            # Greedy: the chosen token is the most likely one.
+            self.assertAlmostEqual(chosen, max(top.values()), places=4)
+        _, chunks = self.stream_completion(max_tokens=6, logprobs=0)
+        streamed = [t for c in chunks for t in c.choices[0].logprobs.token_logprobs]
+        self.assertEqual(len(streamed), 6)
+        for a, b in zip(streamed, lp.token_logprobs):
+            self.assertAlmostEqual(a, b, places=4)
+
+        chat = self.chat(max_tokens=5, logprobs=True, top_logprobs=2)
+        content = chat.choices[0].logprobs.content
+        self.assertEqual(len(content), 5)
+        for entry in content:
+            self.assertEqual(len(entry.top_logprobs), 2)
+            self.assertEqual(entry.bytes, list(entry.token.encode()))
+            self.assertAlmostEqual(entry.logprob, entry.top_logprobs[0].logprob, places=4)
+        chunks = list(self.chat(max_tokens=5, logprobs=True, stream=True))
+        streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                    for e in c.choices[0].logprobs.content]
+        self.assertEqual([e.token for e in streamed], [e.token for e in content])
+        self.assertTrue(all(e.top_logprobs == [] for e in streamed))
+        self.assertIsNone(self.chat(max_tokens=2).choices[0].logprobs)
+
+    def test_seed_makes_sampling_reproducible(self):
+        sampled = dict(temperature=1.0, top_p=0.95, seed=1234, max_tokens=16)
+        first = self.complete(**sampled).choices[0].text
+        self.assertEqual(self.complete(**sampled).choices[0].text, first)
+        self.assertEqual(self.stream_completion(**sampled)[0], first)
+        chat = self.chat(**sampled).choices[0].message.content
+        self.assertEqual(self.chat(**sampled).choices[0].message.content, chat)
+
+    def test_bad_requests(self):
+        cases = [
+            (dict(n=2), "n must be 1"),
+            (dict(temperature=-1), "temperature must be in"),
+            (dict(extra_body={"temperature": "hot"}), "temperature must be a number"),
+            (dict(prompt=["one", "two"]), "only one prompt"),
+            (dict(echo=True), "echo is not supported"),
+            (dict(best_of=2), "best_of must be 1"),
+            (dict(max_tokens=100000), "exceeds the model's context"),
+            (dict(prompt=[1, 10 ** 6]), "outside the vocabulary"),
+        ]
+        for kwargs, message in cases:
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaises(openai.BadRequestError) as raised:
+                    self.complete(**kwargs)
+                self.assertEqual(raised.exception.status_code, 400)
+                self.assertIn(message, raised.exception.body["message"])
+                self.assertEqual(raised.exception.body["type"], "invalid_request_error")
+        with self.assertRaises(openai.BadRequestError) as raised:
+            self.chat(n=2)
+        self.assertEqual(raised.exception.body["param"], "n")
+        with self.assertRaises(openai.BadRequestError):
+            self.client.chat.completions.create(
+                model=ARGS.model, messages=[{"role": "wizard", "content": "x"}])
+
+        with self.assertRaises(openai.NotFoundError) as raised:
+            self.client.completions.create(model="gpt-4", prompt="x")
+        self.assertEqual(raised.exception.status_code, 404)
+        self.assertEqual(raised.exception.body["code"], "model_not_found")
+
+        status, body = post("/v1/completions", b"{not json", raw=True)
+        self.assertEqual(status, 400)
+        self.assertErrorShape(body, 400)
+        status, body = post("/v1/nothing", {})
+        self.assertEqual(status, 404)
+        self.assertErrorShape(body, 404)
+        self.assertEqual(body["error"]["code"], "unknown_url")
+
+    def test_disconnect_mid_stream(self):
+        # Far more tokens than the few read before the client goes; http_api_test.cc
+        # checks that the engine cancelled the request and freed its KV blocks.
+        stream = self.complete(max_tokens=1500, stream=True)
+        for i, _ in enumerate(stream):
+            if i == 2:
+                break
+        stream.close()
+
+    def test_error_mid_stream(self):
+        stream = self.complete(max_tokens=1900, stream=True)
+        chunks = iter(stream)
+        next(chunks)
+        next(chunks)
+        # http_api_test.cc kills the worker when it reads this line.
+        print("conveyor-http-test-streaming", flush=True)
+        with self.assertRaises(openai.APIError) as raised:
+            for _ in chunks:
+                pass
+        self.assertIn("worker", raised.exception.message)
+        self.assertEqual(raised.exception.body["type"], "server_error")
+
+    def test_curl_streams_server_sent_events(self):
+        body = {"model": ARGS.model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        out = subprocess.run(
+            ["curl", "-sS", "-N", "-i", "-H", "Content-Type: application/json",
+             "-d", json.dumps(body), ARGS.base_url + "/v1/completions"],
+            capture_output=True, timeout=300, check=True).stdout.decode()
+        head, _, events = out.partition("\r\n\r\n")
+        self.assertIn("200", head.splitlines()[0])
+        self.assertIn("content-type: text/event-stream", head.lower())
+        lines = [line for line in events.split("\n") if line]
+        self.assertTrue(all(line.startswith("data: ") for line in lines), lines)
+        self.assertEqual(lines[-1], "data: [DONE]")
+        chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        self.assertEqual(text, self.complete(max_tokens=8).choices[0].text)
+        self.assertEqual(chunks[-1]["choices"][0]["finish_reason"], "length")
+
+        # A plain error answer through curl.
+        out = subprocess.run(
+            ["curl", "-sS", "-w", "\n%{http_code}", "-H", "Content-Type: application/json",
+             "-d", json.dumps({"prompt": "x", "n": 3}), ARGS.base_url + "/v1/completions"],
+            capture_output=True, timeout=300, check=True).stdout.decode()
+        error, _, code = out.rpartition("\n")
+        self.assertEqual(code, "400")
+        self.assertErrorShape(json.loads(error), 400)
+
+    def test_64_concurrent_streams(self):
+        prompts = ["Once upon a time", "The river", "In the beginning", "A small bird"]
+        alone = {p: self.complete(prompt=p, max_tokens=10).choices[0].text for p in prompts}
+
+        def run(i):
+            prompt = prompts[i % len(prompts)]
+            chunks = list(self.complete(prompt=prompt, max_tokens=10, stream=True,
+                                        stream_options={"include_usage": True}))
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            return prompt, text, chunks[-1].usage.completion_tokens
+
+        with ThreadPoolExecutor(max_workers=64) as pool:
+            results = list(pool.map(run, range(64)))
+        for prompt, text, tokens in results:
+            self.assertEqual(text, alone[prompt])
+            self.assertEqual(tokens, 10)
+
+
+class NotReadyTest(unittest.TestCase):
+    """Against a scheduler whose workers never come."""
+
+    def test_not_ready(self):
+        self.assertEqual(get("/health"), (503, {"status": "not_serving"}))
+        client = openai.OpenAI(base_url=ARGS.base_url + "/v1", api_key="unused", max_retries=0)
+        with self.assertRaises(openai.APIStatusError) as raised:
+            client.completions.create(model=ARGS.model, prompt="x")
+        self.assertEqual(raised.exception.status_code, 503)
+        self.assertIn("no model worker is ready", raised.exception.body["message"])
+
+
+class QueueFullTest(unittest.TestCase):
+    """Against a scheduler started with --max_queue=0: every request finds the queue full."""
+
+    def test_queue_full(self):
+        client = openai.OpenAI(base_url=ARGS.base_url + "/v1", api_key="unused", max_retries=0)
+        with self.assertRaises(openai.RateLimitError) as raised:
+            client.completions.create(model=ARGS.model, prompt="x", max_tokens=2)
+        self.assertEqual(raised.exception.status_code, 429)
+        self.assertEqual(raised.exception.body["type"], "rate_limit_error")
+        self.assertIn("queue is full", raised.exception.body["message"])
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("test", help="a test method, e.g. test_logprobs")
+    ARGS = parser.parse_args()
+    test_class = {"test_not_ready": NotReadyTest,
+                  "test_queue_full": QueueFullTest}.get(ARGS.test, OpenAiClientTest)
+    suite = unittest.TestSuite([test_class(ARGS.test)])
+    result = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)
+    print("conveyor-http-test:", "PASS" if result.wasSuccessful() else "FAIL", flush=True)
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
