@@ -199,9 +199,10 @@ class InstantExecutor final : public scheduler::StepExecutor {
     sample.interval_us = has_exit_ ? Micros(enter - last_exit_) : 0;
     sample.running = request.running_size();
     sample.new_sequences = request.new_sequences_size();
-    sample.all_decode = sample.new_sequences == 0 && request.dropped_seq_ids_size() == 0 &&
-                        std::all_of(request.running().begin(), request.running().end(),
-                                    [](const wv1::RunningSequence& r) { return r.num_tokens() == 1; });
+    sample.all_decode =
+        sample.new_sequences == 0 && request.dropped_seq_ids_size() == 0 &&
+        std::all_of(request.running().begin(), request.running().end(),
+                    [](const wv1::RunningSequence& r) { return r.num_tokens() == 1; });
     sample.request_bytes = request.ByteSizeLong();
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -416,16 +417,15 @@ void BM_Plan(benchmark::State& state, int num_seqs) {
     for (const scheduler::ScheduledSequence& s : plan.sequences) {
       scheduler::Request* r = s.request;
       r->num_computed += s.num_tokens;
-      r->on_worker = true;
-      r->num_blocks_on_worker = r->blocks.num_blocks();
       blocks.CommitComputed(r->blocks, r->tokens, r->num_computed);
-      if (r->num_computed == r->num_tokens()) r->tokens.push_back(3 + static_cast<int32_t>(rng() % 500));
+      if (r->num_computed == r->num_tokens())
+        r->tokens.push_back(3 + static_cast<int32_t>(rng() % 500));
     }
   };
   for (int i = 0; i < 1000; ++i) {
     scheduler::StepPlan plan = policy.Plan(pool, Clock::now());
-    const bool steady = static_cast<int>(plan.sequences.size()) == num_seqs &&
-                        plan.num_tokens() == num_seqs;
+    const bool steady =
+        static_cast<int>(plan.sequences.size()) == num_seqs && plan.num_tokens() == num_seqs;
     apply(plan);
     if (steady) break;
   }
@@ -482,7 +482,7 @@ RpcFixture& GetRpc() {
     options.model_path = g_flags.model_dir;
     options.block_size = kBlockSize;
     options.kv_cache_bytes = 64ull << 20;
-    options.max_step_sequences = 64;
+    options.max_num_seqs = 64;
     f->group = std::make_unique<scheduler::WorkerGroup>(options);
     auto info = f->group->Initialize(std::chrono::system_clock::now() + 60s);
     if (!info.ok()) Die("worker Init: " + info.status().ToString());
@@ -527,7 +527,8 @@ class DecodeBatch {
       s.id = f_->next_seq_id++;
       wv1::NewSequence* n = step.add_new_sequences();
       n->set_seq_id(s.id);
-      for (int k = 0; k < kPrompt; ++k) n->add_token_ids(3 + static_cast<int32_t>(rng() % (vocab - 3)));
+      for (int k = 0; k < kPrompt; ++k)
+        n->add_token_ids(3 + static_cast<int32_t>(rng() % (vocab - 3)));
       n->set_num_tokens(kPrompt);
       for (int b = 0; b < kPrompt / kBlockSize + 1; ++b) n->add_block_ids(next_block_++);
       s.blocks = kPrompt / kBlockSize + 1;
@@ -632,9 +633,14 @@ void BM_StepRpc(benchmark::State& state, bool decode64, std::chrono::microsecond
   state.counters["ovh_p99_us"] = o.p99;
   state.counters["req_B"] = static_cast<double>(request_bytes);
   state.counters["resp_B"] = static_cast<double>(response_bytes);
-  Record(name,
-         {{"p50", d.p50}, {"p99", d.p99}, {"mean", d.mean}, {"worker_p50", w.p50},
-          {"forward_p50", fw.p50}, {"ovh_p50", o.p50}, {"ovh_p99", o.p99}, {"ovh_mean", o.mean}});
+  Record(name, {{"p50", d.p50},
+                {"p99", d.p99},
+                {"mean", d.mean},
+                {"worker_p50", w.p50},
+                {"forward_p50", fw.p50},
+                {"ovh_p50", o.p50},
+                {"ovh_p99", o.p99},
+                {"ovh_mean", o.mean}});
 }
 
 // --- Flags, the tiny model, the summary -----------------------------------------------
@@ -728,17 +734,19 @@ void PrintSummary() {
   for (int n : kSequenceCounts) {
     const std::string e = "engine_iteration/" + std::to_string(n), p = "plan/" + std::to_string(n);
     if (Result(e, "mean") < 0) continue;
-    std::printf("  %4d seqs: iteration mean %8.1f p50 %8.1f p99 %8.1f (%.2f/seq); plan alone "
-                "mean %7.1f p50 %7.1f; StepRequest %.0f B\n",
-                n, Result(e, "mean"), Result(e, "p50"), Result(e, "p99"),
-                Result(e, "mean") / n, Result(p, "mean"), Result(p, "p50"), Result(e, "bytes"));
+    std::printf(
+        "  %4d seqs: iteration mean %8.1f p50 %8.1f p99 %8.1f (%.2f/seq); plan alone "
+        "mean %7.1f p50 %7.1f; StepRequest %.0f B\n",
+        n, Result(e, "mean"), Result(e, "p50"), Result(e, "p99"), Result(e, "mean") / n,
+        Result(p, "mean"), Result(p, "p50"), Result(e, "bytes"));
   }
   for (const char* name : {"step_rpc/empty", "step_rpc/empty_idle3ms", "step_rpc/decode64"}) {
     if (Result(name, "p50") < 0) continue;
-    std::printf("  %-17s round trip p50 %7.1f p99 %7.1f; worker total p50 %7.1f (forward "
-                "%.1f); RPC overhead p50 %7.1f p99 %7.1f\n",
-                name, Result(name, "p50"), Result(name, "p99"), Result(name, "worker_p50"),
-                Result(name, "forward_p50"), Result(name, "ovh_p50"), Result(name, "ovh_p99"));
+    std::printf(
+        "  %-17s round trip p50 %7.1f p99 %7.1f; worker total p50 %7.1f (forward "
+        "%.1f); RPC overhead p50 %7.1f p99 %7.1f\n",
+        name, Result(name, "p50"), Result(name, "p99"), Result(name, "worker_p50"),
+        Result(name, "forward_p50"), Result(name, "ovh_p50"), Result(name, "ovh_p99"));
   }
   const double sched = Result("engine_iteration/64", "mean");
   const double rpc = Result("step_rpc/decode64", "ovh_mean");
@@ -749,18 +757,21 @@ void PrintSummary() {
   const double total_us = sched + rpc;
   const double total_p50_us =
       Result("engine_iteration/64", "p50") + Result("step_rpc/decode64", "ovh_p50");
-  std::printf("  batch 64 overhead per step: scheduler %.1f + RPC %.1f = %.1f µs (means; p50s: "
-              "%.1f); 3 %% of a step needs a step of >= %.2f ms\n",
-              sched, rpc, total_us, total_p50_us, total_us / 0.03 / 1000);
+  std::printf(
+      "  batch 64 overhead per step: scheduler %.1f + RPC %.1f = %.1f µs (means; p50s: "
+      "%.1f); 3 %% of a step needs a step of >= %.2f ms\n",
+      sched, rpc, total_us, total_p50_us, total_us / 0.03 / 1000);
   if (g_flags.small_step_ms > 0) {
     const double pct = 100.0 * total_us / (g_flags.small_step_ms * 1000);
     const double pct_p50 = 100.0 * total_p50_us / (g_flags.small_step_ms * 1000);
-    std::printf("OVERHEAD: scheduling + RPC at batch 64 = %.1f µs = %.2f %% (p50s: %.2f %%) of the "
-                "small model's batch-64 decode step (%.2f ms); target <= 3 %%: %s\n",
-                total_us, pct, pct_p50, g_flags.small_step_ms, pct <= 3.0 ? "PASS" : "FAIL");
+    std::printf(
+        "OVERHEAD: scheduling + RPC at batch 64 = %.1f µs = %.2f %% (p50s: %.2f %%) of the "
+        "small model's batch-64 decode step (%.2f ms); target <= 3 %%: %s\n",
+        total_us, pct, pct_p50, g_flags.small_step_ms, pct <= 3.0 ? "PASS" : "FAIL");
   } else {
-    std::printf("  (pass --small_step_ms=X, the small model's decode b=64 ms/step from "
-                "bench/run_worker_bench.sh, for the percentage)\n");
+    std::printf(
+        "  (pass --small_step_ms=X, the small model's decode b=64 ms/step from "
+        "bench/run_worker_bench.sh, for the percentage)\n");
   }
 }
 
@@ -795,14 +806,12 @@ int main(int argc, char** argv) {
       bool decode64;
       std::chrono::microseconds idle;
     };
-    for (const RpcCase& c : {RpcCase{"step_rpc/empty", false, 0us},
-                             RpcCase{"step_rpc/empty_idle3ms", false, 3000us},
-                             RpcCase{"step_rpc/decode64", true, 0us}}) {
+    for (const RpcCase& c :
+         {RpcCase{"step_rpc/empty", false, 0us}, RpcCase{"step_rpc/empty_idle3ms", false, 3000us},
+          RpcCase{"step_rpc/decode64", true, 0us}}) {
       const std::string name = c.name;
-      benchmark::RegisterBenchmark(c.name,
-                                   [c, name](benchmark::State& s) {
-                                     BM_StepRpc(s, c.decode64, c.idle, name);
-                                   })
+      benchmark::RegisterBenchmark(
+          c.name, [c, name](benchmark::State& s) { BM_StepRpc(s, c.decode64, c.idle, name); })
           ->UseManualTime()
           ->Iterations(c.idle.count() > 0 ? std::max(1, g_flags.rpc_steps / 4) : g_flags.rpc_steps)
           ->Unit(benchmark::kMicrosecond);

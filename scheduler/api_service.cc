@@ -1,30 +1,58 @@
 #include "scheduler/api_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {
 
+// Parses a raw request; false if the bytes are not a valid `Message` (malformed, or a
+// string field that is not UTF-8, which proto3 refuses to parse).
+template <typename Message>
+bool ParseRaw(const grpc::ByteBuffer& raw, Message* message) {
+  std::vector<grpc::Slice> slices;
+  if (!raw.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return message->ParseFromString(bytes);
+}
+
+grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+absl::Status MalformedError(const char* type) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request is not a valid ", type,
+                   " message: it is malformed, or one of its string fields is not valid UTF-8"));
+}
+
 // One Generate stream. The engine's thread pushes messages into the sink; the reactor
 // writes them one at a time (gRPC allows one outstanding write) and finishes the call
 // after the last one. The reactor lives until gRPC calls OnDone, which can only happen
 // after Finish, and Finish is only called with no write in flight.
-class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                              public ResponseSink {
  public:
   explicit GenerateStream(Engine* engine) : engine_(engine) {}
 
   void Send(v1::GenerateResponse message) override {
-    const v1::GenerateResponse* next = nullptr;
+    const grpc::ByteBuffer* next = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (client_gone_) return;
-      queue_.push_back(std::move(message));
+      queue_.push_back(Serialize(message));
       if (writing_) return;
       writing_ = true;
       next = &queue_.front();
@@ -43,7 +71,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   }
 
   void OnWriteDone(bool ok) override {
-    const v1::GenerateResponse* next = nullptr;
+    const grpc::ByteBuffer* next = nullptr;
     bool finish = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -68,22 +96,41 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
   }
 
   void OnCancel() override {
-    const uint64_t id = id_.load();
+    uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      id = id_;
+    }
     if (id != 0) engine_->Cancel(id);
   }
 
   // The engine and gRPC both hold the stream: gRPC's reference ends here.
   void OnDone() override { self_.reset(); }
 
-  void set_id(uint64_t id) { id_.store(id); }
+  // The engine accepted the request as `id`; a cancel that came first applies now.
+  void set_id(uint64_t id) {
+    bool cancelled = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id_ = id;
+      cancelled = cancelled_;
+    }
+    if (cancelled) engine_->Cancel(id);
+  }
+  bool cancelled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_;
+  }
   void set_self(std::shared_ptr<GenerateStream> self) { self_ = std::move(self); }
 
  private:
   Engine* engine_;
-  std::atomic<uint64_t> id_{0};
   std::shared_ptr<GenerateStream> self_;  // Keeps the stream alive until OnDone.
   std::mutex mu_;
-  std::deque<v1::GenerateResponse> queue_;  // Front is being written while writing_.
+  uint64_t id_ = 0;                     // Guarded by mu_; 0 until submitted.
+  bool cancelled_ = false;              // Guarded by mu_.
+  std::deque<grpc::ByteBuffer> queue_;  // Front is being written while writing_.
   bool writing_ = false;
   bool finished_ = false;
   bool client_gone_ = false;
@@ -91,7 +138,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
 };
 
 // A stream that ends before reaching the engine.
-class RejectedStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class RejectedStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit RejectedStream(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -100,8 +147,52 @@ class RejectedStream final : public grpc::ServerWriteReactor<v1::GenerateRespons
 }  // namespace
 
 ApiService::ApiService(const Tokenizer* tokenizer, v1::ModelInfoResponse info,
-                       SchedulerMetrics* metrics)
-    : tokenizer_(tokenizer), metrics_(metrics), info_(std::move(info)) {}
+                       SchedulerMetrics* metrics, int prepare_threads)
+    : tokenizer_(tokenizer), metrics_(metrics), info_(std::move(info)) {
+  for (int i = 0; i < std::max(1, prepare_threads); ++i) {
+    threads_.emplace_back([this] { PrepareLoop(); });
+  }
+}
+
+ApiService::~ApiService() { StopPreparing(); }
+
+void ApiService::StopPreparing() {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    stopping_ = true;
+  }
+  jobs_cv_.notify_all();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+void ApiService::Prepare(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    jobs_.push_back(std::move(job));
+  }
+  jobs_cv_.notify_one();
+}
+
+void ApiService::PrepareLoop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(jobs_mu_);
+      jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      // Jobs left at shutdown still run: each one ends its call.
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+void ApiService::CountRejected(absl::StatusCode code) {
+  if (metrics_ != nullptr) metrics_->CountRejected(code);
+}
 
 void ApiService::SetEngine(Engine* engine, const ServingLimits& limits,
                            v1::ModelInfoResponse info) {
@@ -110,72 +201,111 @@ void ApiService::SetEngine(Engine* engine, const ServingLimits& limits,
   engine_.store(engine);
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* ApiService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ApiService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
   Engine* engine = engine_.load();
   auto reject = [&](const absl::Status& status) {
-    if (metrics_ != nullptr) metrics_->CountRejected(status.code());
+    CountRejected(status.code());
     return new RejectedStream(ToGrpcStatus(status));
   };
+  auto request = std::make_shared<v1::GenerateRequest>();
+  if (!ParseRaw(*raw, request.get())) return reject(MalformedError("conveyor.v1.GenerateRequest"));
   if (engine == nullptr) {
     return reject(absl::UnavailableError("no model worker is ready yet; retry shortly"));
   }
-  absl::StatusOr<std::unique_ptr<Request>> built = BuildRequest(*request, limits_, *tokenizer_);
-  if (!built.ok()) return reject(built.status());
-  std::unique_ptr<Request> r = std::move(*built);
   const auto deadline = context->deadline();
-  if (deadline != std::chrono::system_clock::time_point::max()) {
-    r->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     deadline - std::chrono::system_clock::now());
-  }
   auto stream = std::make_shared<GenerateStream>(engine);
   stream->set_self(stream);
-  r->sink = stream;
-  absl::StatusOr<uint64_t> id = engine->Submit(std::move(r));
-  if (!id.ok()) {
-    if (metrics_ != nullptr) metrics_->CountRejected(id.status().code());
-    stream->Finish(id.status());
-  } else {
-    stream->set_id(*id);
-  }
+  Prepare([this, engine, stream, request, deadline] {
+    if (stream->cancelled()) {
+      stream->Finish(absl::CancelledError("the client cancelled the request"));
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<Request>> built = BuildRequest(*request, limits_, *tokenizer_);
+    if (!built.ok()) {
+      CountRejected(built.status().code());
+      stream->Finish(built.status());
+      return;
+    }
+    std::unique_ptr<Request> r = std::move(*built);
+    if (deadline != std::chrono::system_clock::time_point::max()) {
+      r->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       deadline - std::chrono::system_clock::now());
+    }
+    r->sink = stream;
+    absl::StatusOr<uint64_t> id = engine->Submit(std::move(r));
+    if (!id.ok()) {
+      CountRejected(id.status().code());
+      stream->Finish(id.status());
+    } else {
+      stream->set_id(*id);
+    }
+  });
   return stream.get();
 }
 
 grpc::ServerUnaryReactor* ApiService::Tokenize(grpc::CallbackServerContext* context,
-                                               const v1::TokenizeRequest* request,
-                                               v1::TokenizeResponse* response) {
+                                               const grpc::ByteBuffer* raw,
+                                               grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto request = std::make_shared<v1::TokenizeRequest>();
+  if (!ParseRaw(*raw, request.get())) {
+    const absl::Status status = MalformedError("conveyor.v1.TokenizeRequest");
+    CountRejected(status.code());
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
   if (engine_.load() == nullptr) {  // limits_ (the BOS id) is not known before.
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no model worker is ready yet"));
     return reactor;
   }
-  absl::StatusOr<std::vector<int>> ids = tokenizer_->Encode(request->text());
-  if (!ids.ok()) {
-    reactor->Finish(ToGrpcStatus(ids.status()));
+  if (request->text().size() >
+      static_cast<size_t>(limits_.max_context_tokens) * kMaxPromptBytesPerToken) {
+    const absl::Status status = absl::InvalidArgumentError(
+        absl::StrCat("text is ", request->text().size(), " bytes: more than a context of ",
+                     limits_.max_context_tokens, " tokens can hold"));
+    CountRejected(status.code());
+    reactor->Finish(ToGrpcStatus(status));
     return reactor;
   }
-  const bool add_bos = !request->has_add_bos() || request->add_bos();
-  if (add_bos && limits_.bos_token_id >= 0) {
-    response->add_token_ids(limits_.bos_token_id);
-    response->add_pieces(ValidUtf8(tokenizer_->Piece(limits_.bos_token_id)));
-  }
-  for (int id : *ids) {
-    response->add_token_ids(id);
-    response->add_pieces(ValidUtf8(tokenizer_->Piece(id)));
-  }
-  reactor->Finish(grpc::Status::OK);
+  Prepare([this, reactor, request, response] {
+    absl::StatusOr<std::vector<int>> ids = tokenizer_->Encode(request->text());
+    if (!ids.ok()) {
+      reactor->Finish(ToGrpcStatus(ids.status()));
+      return;
+    }
+    v1::TokenizeResponse answer;
+    const bool add_bos = !request->has_add_bos() || request->add_bos();
+    if (add_bos && limits_.bos_token_id >= 0) {
+      answer.add_token_ids(limits_.bos_token_id);
+      answer.add_pieces(ValidUtf8(tokenizer_->Piece(limits_.bos_token_id)));
+    }
+    for (int id : *ids) {
+      answer.add_token_ids(id);
+      answer.add_pieces(ValidUtf8(tokenizer_->Piece(id)));
+    }
+    *response = Serialize(answer);
+    reactor->Finish(grpc::Status::OK);
+  });
   return reactor;
 }
 
 grpc::ServerUnaryReactor* ApiService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                   const v1::ModelInfoRequest*,
-                                                   v1::ModelInfoResponse* response) {
+                                                   const grpc::ByteBuffer* raw,
+                                                   grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  v1::ModelInfoRequest request;
+  if (!ParseRaw(*raw, &request)) {
+    const absl::Status status = MalformedError("conveyor.v1.ModelInfoRequest");
+    CountRejected(status.code());
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
   if (engine_.load() == nullptr) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no model worker is ready yet"));
     return reactor;
   }
-  *response = info_;
+  *response = Serialize(info_);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

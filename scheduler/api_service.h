@@ -1,10 +1,22 @@
 // The client-facing gRPC service (proto/conveyor.proto) on the callback API: each
 // Generate call becomes a Request handed to the Engine, and the Engine's messages are
 // written back as the client can take them. No thread is held per stream.
+//
+// The methods take their messages raw (grpc::ByteBuffer) and parse them here, so that a
+// malformed message or a string field that is not UTF-8 is INVALID_ARGUMENT with a
+// message (and counted as rejected), not gRPC's bare UNIMPLEMENTED. Tokenizing, whose
+// cost grows with the prompt, runs on a few preparation threads of the service's own,
+// never on gRPC's callback threads or the engine's.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/tokenizer.h"
 #include "conveyor.grpc.pb.h"
@@ -14,31 +26,52 @@
 
 namespace conveyor::scheduler {
 
-class ApiService final : public v1::Conveyor::CallbackService {
+class ApiService final
+    : public v1::Conveyor::WithRawCallbackMethod_Generate<
+          v1::Conveyor::WithRawCallbackMethod_Tokenize<
+              v1::Conveyor::WithRawCallbackMethod_GetModelInfo<v1::Conveyor::CallbackService>>> {
  public:
   // All pointers must outlive the service; `metrics` may be null. The engine may be set
-  // later (SetEngine): until then Generate answers UNAVAILABLE.
-  ApiService(const Tokenizer* tokenizer, v1::ModelInfoResponse info, SchedulerMetrics* metrics);
+  // later (SetEngine): until then Generate answers UNAVAILABLE. Prompts are tokenized on
+  // `prepare_threads` threads.
+  ApiService(const Tokenizer* tokenizer, v1::ModelInfoResponse info, SchedulerMetrics* metrics,
+             int prepare_threads = 2);
+  ~ApiService() override;
+
+  // Runs what the preparation threads still hold (each job ends its call) and stops
+  // them. Call after the server has shut down and before the engine goes.
+  void StopPreparing();
 
   // Makes the service ready to generate with `engine` under `limits`.
   void SetEngine(Engine* engine, const ServingLimits& limits, v1::ModelInfoResponse info);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const v1::ModelInfoRequest* request,
-                                         v1::ModelInfoResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
  private:
+  // Runs `job` on a preparation thread.
+  void Prepare(std::function<void()> job);
+  void PrepareLoop();
+  void CountRejected(absl::StatusCode code);
+
   const Tokenizer* tokenizer_;
   SchedulerMetrics* metrics_;
   std::atomic<Engine*> engine_{nullptr};
   // Written once by SetEngine before engine_ is published.
   ServingLimits limits_;
   v1::ModelInfoResponse info_;
+
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<std::function<void()>> jobs_;  // Guarded by jobs_mu_.
+  bool stopping_ = false;                   // Guarded by jobs_mu_.
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace conveyor::scheduler

@@ -62,6 +62,19 @@ BlockManager::BlockManager(int num_blocks, int block_size, bool enable_prefix_ca
   if (enable_prefix_caching) cached_blocks_.reserve(num_blocks);
 }
 
+void BlockManager::Reset(int num_blocks) {
+  assert(num_blocks >= 0);
+  for ([[maybe_unused]] const Block& b : blocks_) assert(b.ref_count == 0);
+  blocks_.assign(num_blocks, Block());
+  block_tokens_.assign(enable_prefix_caching_ ? static_cast<size_t>(num_blocks) * block_size_ : 0,
+                       0);
+  free_blocks_.clear();
+  for (int32_t block = num_blocks - 1; block >= 0; --block) free_blocks_.push_back(block);
+  cached_blocks_.clear();
+  lru_oldest_ = lru_newest_ = -1;
+  num_evictable_ = 0;
+}
+
 BlockManager::PrefixMatch BlockManager::AcquirePrefix(std::span<const int32_t> tokens) {
   PrefixMatch match;
   BlockTable& table = match.table;

@@ -87,6 +87,11 @@ class BlockManager {
   // later requests. A block whose content is already cached stays private (no duplicates).
   void CommitComputed(BlockTable& table, std::span<const int32_t> tokens, int num_computed_tokens);
 
+  // Starts over with `num_blocks` empty blocks and an empty prefix cache: the workers'
+  // KV cache is new (they were re-initialised after a failure). Every table must have
+  // been released; the counters of prefix lookups carry on.
+  void Reset(int num_blocks);
+
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
   int block_size() const { return block_size_; }
   // Blocks that can be taken: never used or freed, plus evictable cached blocks.

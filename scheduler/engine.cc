@@ -1,6 +1,7 @@
 #include "scheduler/engine.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/utf8.h"
@@ -9,11 +10,28 @@
 namespace conveyor::scheduler {
 namespace {
 
+// How far back a logprob's text looks for a token of complete text to decode after.
+constexpr size_t kLogprobAnchorTokens = 8;
+
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 double Millis(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-bool Contains(const std::vector<int32_t>& ids, int32_t id) {
-  return std::find(ids.begin(), ids.end(), id) != ids.end();
+// The reason a final message carries. Cancellations, deadlines and errors end with a
+// non-OK status and no final message, so the wire needs no values of its own for them.
+v1::FinishReason WireFinishReason(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kEos:
+      return v1::FINISH_REASON_EOS;
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kCancelled:
+    case FinishReason::kDeadline:
+    case FinishReason::kError:
+      return v1::FINISH_REASON_CANCELLED;
+  }
+  return v1::FINISH_REASON_CANCELLED;  // Unreachable: the switch covers every value.
 }
 
 }  // namespace
@@ -25,6 +43,7 @@ Engine::Engine(const Options& options, std::unique_ptr<BatchPolicy> policy, Step
       executor_(executor),
       tokenizer_(tokenizer),
       metrics_(metrics),
+      stop_checker_(options.max_context_tokens),
       blocks_(options.num_kv_blocks, options.block_size, options.enable_prefix_caching),
       pool_(&blocks_) {
   counters_.kv_blocks_total = options.num_kv_blocks;
@@ -41,6 +60,12 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<Request> request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_ || draining_) {
     return absl::UnavailableError("the server is shutting down and accepts no new requests");
+  }
+  if (outage_exceeded_) {
+    return absl::UnavailableError(absl::StrCat(
+        "the model workers are down and have not come back within ",
+        std::chrono::duration_cast<std::chrono::seconds>(options_.worker_recovery_timeout).count(),
+        " s; retry later"));
   }
   if (live_requests_ - stats_.running >= options_.max_queue) {
     return absl::ResourceExhaustedError(
@@ -95,8 +120,9 @@ bool Engine::TakeInbox(bool wait, Clock::time_point wake_at) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (wait) {
-      wake_.wait_until(lock, wake_at,
-                       [&] { return stopping_ || !inbox_.empty() || !cancels_.empty(); });
+      wake_.wait_until(lock, wake_at, [&] {
+        return stopping_ || !inbox_.empty() || !cancels_.empty() || recovery_result_.has_value();
+      });
     }
     if (stopping_) return false;
     arrivals.swap(inbox_);
@@ -110,8 +136,8 @@ bool Engine::TakeInbox(bool wait, Clock::time_point wake_at) {
   for (uint64_t id : cancels) {
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second->done) continue;
-    Finish(it->second.get(), absl::CancelledError("the client cancelled the request"), "cancelled",
-           nullptr);
+    Finish(it->second.get(), absl::CancelledError("the client cancelled the request"),
+           FinishReason::kCancelled, nullptr);
   }
   return true;
 }
@@ -123,14 +149,20 @@ void Engine::ExpireDeadlines(Clock::time_point now) {
   }
   for (Request* r : expired) {
     Finish(r,
-           absl::DeadlineExceededError(absl::StrCat("the deadline passed after ",
-                                                    r->num_output_tokens(), " generated tokens")),
-           "deadline", nullptr);
+           absl::DeadlineExceededError(absl::StrCat(
+               "the deadline passed after ", r->num_output_tokens(), " generated tokens",
+               recovering_ ? " (while the model workers were recovering from a failure)" : "")),
+           FinishReason::kDeadline, nullptr);
   }
 }
 
 Clock::time_point Engine::NextWake() const {
-  Clock::time_point wake = policy_->NextWakeup(pool_).value_or(Clock::time_point::max());
+  // Recovering, only the recovery's answer (it wakes the loop) and deadlines matter;
+  // idle, also the next liveness check.
+  Clock::time_point wake =
+      recovering_ ? Clock::time_point::max()
+                  : std::min(policy_->NextWakeup(pool_).value_or(Clock::time_point::max()),
+                             last_worker_contact_ + options_.idle_check_interval);
   for (const auto& [id, r] : requests_) {
     if (!r->done) wake = std::min(wake, r->deadline);
   }
@@ -139,15 +171,23 @@ Clock::time_point Engine::NextWake() const {
 
 void Engine::Loop() {
   bool idle = false;
+  last_worker_contact_ = Clock::now();
   for (;;) {
-    if (!TakeInbox(idle, idle ? NextWake() : Clock::time_point())) break;
+    const bool wait = idle || recovering_;
+    if (!TakeInbox(wait, wait ? NextWake() : Clock::time_point())) break;
     const Clock::time_point start = Clock::now();
     ExpireDeadlines(start);
+    if (recovering_) {
+      PollRecovery();
+      if (recovering_) {
+        PublishStats();
+        continue;
+      }
+    }
     StepPlan plan = policy_->Plan(pool_, start);
     for (Request* r : plan.released) Retire(r);
     for (Request* r : plan.preempted) {
-      if (r->on_worker) pending_drops_.push_back(r->id);
-      r->on_worker = false;
+      encoder_.Drop(r->id);
       ++counters_.preemptions;
     }
     if (metrics_ != nullptr && !plan.preempted.empty()) {
@@ -155,10 +195,14 @@ void Engine::Loop() {
     }
     idle = plan.empty();
     if (!idle) {
-      const worker::v1::StepRequest step = BuildStep(plan);
+      MarkScheduled(plan);
+      const worker::v1::StepRequest step = encoder_.Encode(plan);
       absl::StatusOr<worker::v1::StepResponse> response = executor_->Step(step);
+      last_worker_contact_ = Clock::now();
       if (response.ok()) {
         ApplyStep(plan, *response);
+      } else if (IsWorkerFailure(response.status())) {
+        OnWorkerFailure(response.status(), &plan);
       } else {
         FailStep(plan, response.status());
       }
@@ -167,7 +211,17 @@ void Engine::Loop() {
                               plan.wasted_slots);
       }
     }
+    if (idle && start - last_worker_contact_ >= options_.idle_check_interval) {
+      last_worker_contact_ = start;
+      if (absl::Status alive = executor_->CheckAlive(std::chrono::seconds(1)); !alive.ok()) {
+        OnWorkerFailure(alive, nullptr);
+      }
+    }
     PublishStats();
+  }
+  if (recovery_thread_.joinable()) {
+    executor_->CancelRecovery();
+    recovery_thread_.join();
   }
   // Stopping: every live request gets its terminal status.
   absl::Status status;
@@ -183,52 +237,28 @@ void Engine::Loop() {
   std::vector<Request*> live;
   for (auto& [id, r] : requests_) live.push_back(r.get());
   for (Request* r : live) {
-    if (!r->done) Finish(r, status, "error", nullptr);
+    if (!r->done) Finish(r, status, FinishReason::kError, nullptr);
   }
 }
 
-worker::v1::StepRequest Engine::BuildStep(const StepPlan& plan) {
-  worker::v1::StepRequest step;
-  step.set_step_id(next_step_id_++);
-  if (reset_workers_) {
-    step.set_reset(true);
-    reset_workers_ = false;
-  } else {
-    for (uint64_t id : pending_drops_) step.add_dropped_seq_ids(id);
-  }
-  pending_drops_.clear();
+void Engine::MarkScheduled(const StepPlan& plan) {
   const Clock::time_point now = Clock::now();
   for (const ScheduledSequence& s : plan.sequences) {
     Request* r = s.request;
-    const std::vector<int32_t>& blocks = r->blocks.blocks();
-    if (!r->on_worker) {
-      worker::v1::NewSequence* seq = step.add_new_sequences();
-      seq->set_seq_id(r->id);
-      seq->mutable_token_ids()->Add(r->tokens.begin(), r->tokens.end());
-      seq->set_num_output_tokens(r->num_output_tokens());
-      seq->set_num_cached_tokens(r->num_computed);
-      seq->set_num_tokens(s.num_tokens);
-      seq->mutable_block_ids()->Add(blocks.begin(), blocks.end());
-      *seq->mutable_sampling() = r->sampling;
-    } else {
-      worker::v1::RunningSequence* seq = step.add_running();
-      seq->set_seq_id(r->id);
-      seq->set_num_tokens(s.num_tokens);
-      seq->mutable_new_block_ids()->Add(blocks.begin() + r->num_blocks_on_worker, blocks.end());
-    }
-    if (!r->scheduled_once) {
-      r->scheduled_once = true;
-      r->first_scheduled = now;
-      if (metrics_ != nullptr) {
-        metrics_->ObserveQueueTime(Seconds(now - r->arrival));
-        metrics_->AddPromptTokens(r->num_prompt_tokens);
-      }
+    if (r->scheduled_once) continue;
+    r->scheduled_once = true;
+    r->first_scheduled = now;
+    if (metrics_ != nullptr) {
+      metrics_->ObserveQueueTime(Seconds(now - r->arrival));
+      metrics_->AddPromptTokens(r->num_prompt_tokens);
     }
   }
-  return step;
 }
 
 void Engine::ApplyStep(const StepPlan& plan, const worker::v1::StepResponse& response) {
+  // Before any token is streamed: a request that finishes below must be dropped from the
+  // workers, which now hold it.
+  encoder_.Committed(plan);
   ++counters_.steps;
   counters_.batch_slot_steps += plan.batch_slots;
   counters_.wasted_slot_steps += plan.wasted_slots;
@@ -238,8 +268,6 @@ void Engine::ApplyStep(const StepPlan& plan, const worker::v1::StepResponse& res
     prefill += std::max(0, std::min(r->num_computed + s.num_tokens, r->num_prompt_tokens) -
                                std::min(r->num_computed, r->num_prompt_tokens));
     r->num_computed += s.num_tokens;
-    r->on_worker = true;
-    r->num_blocks_on_worker = r->blocks.num_blocks();
     blocks_.CommitComputed(r->blocks, r->tokens, r->num_computed);
   }
   counters_.prefill_tokens += prefill;
@@ -273,11 +301,133 @@ void Engine::FailStep(const StepPlan& plan, const absl::Status& status) {
                    absl::StrCat("the model workers failed: ", status.message()));
   const std::vector<Request*> running = pool_.running();
   for (Request* r : running) {
-    if (!r->done) Finish(r, client_status, "error", nullptr);
+    if (!r->done) Finish(r, client_status, FinishReason::kError, nullptr);
     if (requests_.contains(r->id)) Retire(r);
   }
-  pending_drops_.clear();
-  reset_workers_ = true;
+  encoder_.ResetAll();
+}
+
+bool Engine::IsWorkerFailure(const absl::Status& status) const {
+  // INVALID_ARGUMENT: the workers refused a step the scheduler built; retrying it on new
+  // workers would fail the same way. Everything else is the workers' failure. Recovering
+  // needs an executor that can (test executors cannot).
+  return status.code() != absl::StatusCode::kInvalidArgument && executor_->can_recover();
+}
+
+void Engine::OnWorkerFailure(const absl::Status& status, const StepPlan* plan) {
+  const Clock::time_point now = Clock::now();
+  spdlog::error(
+      "the model workers failed: {}; keeping {} running and {} waiting request(s) "
+      "and recovering",
+      status.ToString(), pool_.running().size(), pool_.waiting().size());
+  if (metrics_ != nullptr) metrics_->CountWorkerFailure();
+  if (!recovering_) {
+    outage_started_ = now;
+    outage_cause_ = status;
+    SetWorkersReady(false);
+  }
+  // A device error (INTERNAL) may come from what the step computed: its requests fail
+  // rather than risk the fault again. The others are recomputed once the workers are back.
+  const bool device_error = status.code() == absl::StatusCode::kInternal;
+  auto in_plan = [&](const Request* r) {
+    return plan != nullptr &&
+           std::any_of(plan->sequences.begin(), plan->sequences.end(),
+                       [&](const ScheduledSequence& s) { return s.request == r; });
+  };
+  int resumed = 0;
+  int64_t recompute_tokens = 0;
+  const std::vector<Request*> running = pool_.running();
+  for (Request* r : running) {
+    policy_->Forget(r);
+    if (r->done) {
+      Retire(r);
+      continue;
+    }
+    if (device_error && in_plan(r)) {
+      Finish(r, absl::InternalError(absl::StrCat("the model workers failed: ", status.message())),
+             FinishReason::kError, nullptr);
+      continue;
+    }
+    if (++r->worker_failures > options_.max_worker_failures_per_request) {
+      Finish(r,
+             absl::UnavailableError(absl::StrCat(
+                 "the model workers failed ", r->worker_failures,
+                 " times while serving this request; giving up (last: ", status.message(), ")")),
+             FinishReason::kError, nullptr);
+      continue;
+    }
+    recompute_tokens += r->num_computed;
+    pool_.Requeue(r);
+    ++resumed;
+  }
+  if (metrics_ != nullptr) metrics_->AddResumed(resumed, recompute_tokens);
+  encoder_.ResetAll();
+  if (!recovering_) StartRecovery();
+}
+
+void Engine::StartRecovery() {
+  recovering_ = true;
+  if (recovery_thread_.joinable()) recovery_thread_.join();
+  const auto deadline = std::chrono::system_clock::now() + options_.worker_recovery_timeout;
+  recovery_thread_ = std::thread([this, deadline] {
+    absl::StatusOr<RecoveredWorkers> result = executor_->Recover(deadline);
+    std::lock_guard<std::mutex> lock(mu_);
+    recovery_result_ = std::move(result);
+    wake_.notify_one();
+  });
+}
+
+void Engine::PollRecovery() {
+  std::optional<absl::StatusOr<RecoveredWorkers>> result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    result.swap(recovery_result_);
+  }
+  if (!result.has_value()) return;
+  recovery_thread_.join();
+  const double outage_s = Seconds(Clock::now() - outage_started_);
+  if (result->ok() && (*result)->block_size == blocks_.block_size()) {
+    // The workers' KV caches are new: nothing the prefix cache remembers is there.
+    blocks_.Reset((*result)->num_kv_blocks);
+    recovering_ = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      outage_exceeded_ = false;
+    }
+    spdlog::info(
+        "the model workers are back after {:.1f} s ({} KV blocks); resuming {} "
+        "request(s)",
+        outage_s, (*result)->num_kv_blocks, pool_.waiting().size());
+    if (metrics_ != nullptr) metrics_->ObserveRecovery(outage_s);
+    last_worker_contact_ = Clock::now();
+    SetWorkersReady(true);
+    return;
+  }
+  const absl::Status why = result->ok()
+                               ? absl::FailedPreconditionError(absl::StrCat(
+                                     "the workers came back with block_size ",
+                                     (*result)->block_size, ", not ", blocks_.block_size()))
+                               : result->status();
+  spdlog::error("the model workers are still down after {:.1f} s: {}", outage_s, why.ToString());
+  const absl::Status client_status = absl::UnavailableError(absl::StrCat(
+      "the model workers failed (", outage_cause_.message(), ") and were not back within ",
+      std::chrono::duration_cast<std::chrono::seconds>(options_.worker_recovery_timeout).count(),
+      " s (--worker_recovery_timeout_s): ", why.message()));
+  std::vector<Request*> live;
+  for (auto& [id, r] : requests_) {
+    if (!r->done) live.push_back(r.get());
+  }
+  for (Request* r : live) Finish(r, client_status, FinishReason::kError, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outage_exceeded_ = true;
+  }
+  StartRecovery();  // Keep trying: serve again as soon as the workers are back.
+}
+
+void Engine::SetWorkersReady(bool ready) {
+  workers_ready_.store(ready);
+  if (options_.on_workers_ready) options_.on_workers_ready(ready);
 }
 
 void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::time_point now) {
@@ -297,59 +447,53 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
   const int32_t id = token.token_id();
   message.add_token_ids(id);
   if (r->num_logprobs > 0) {
+    // Each token's text as it would appear in the stream at this point: decoded after an
+    // earlier token of complete text (the latest of the last few), so a sentencepiece
+    // "▁f" reads " f" mid-text, as streamed.
+    std::optional<int32_t> anchor;
+    std::string before;
+    for (size_t k = r->tokens.size() - 1;
+         k-- > 0 && r->tokens.size() - k <= kLogprobAnchorTokens;) {
+      before = tokenizer_->Decode({r->tokens[k]});
+      if (!before.empty() && ValidUtf8(before) == before &&
+          before.find("\xEF\xBF\xBD") == std::string::npos) {
+        anchor = r->tokens[k];
+        break;
+      }
+    }
+    auto text_in_stream = [&](int32_t candidate) {
+      if (!anchor.has_value()) return ValidUtf8(tokenizer_->Decode({candidate}));
+      std::string both = tokenizer_->Decode({*anchor, candidate});
+      if (both.compare(0, before.size(), before) == 0) both.erase(0, before.size());
+      return ValidUtf8(both);
+    };
     v1::TokenLogprobs* lp = message.add_logprobs();
     lp->mutable_token()->set_token_id(id);
-    lp->mutable_token()->set_text(ValidUtf8(tokenizer_->Decode({id})));
+    lp->mutable_token()->set_text(text_in_stream(id));
     lp->mutable_token()->set_logprob(token.logprob());
     for (const worker::v1::TokenLogprob& alt : token.top_logprobs()) {
       v1::TokenLogprob* t = lp->add_top();
       t->set_token_id(alt.token_id());
-      t->set_text(ValidUtf8(tokenizer_->Decode({alt.token_id()})));
+      t->set_text(text_in_stream(alt.token_id()));
       t->set_logprob(alt.logprob());
     }
   }
 
-  const char* reason = nullptr;
-  if (Contains(r->eos_token_ids, id)) {
-    reason = "eos";
-  } else if (Contains(r->stop_token_ids, id)) {
-    reason = "stop";
-  } else {
-    StopMatcher::Result result = r->stop_matcher->Feed(r->detokenizer->Append(id));
-    message.set_text(ValidUtf8(result.emit));
-    if (result.stopped) reason = "stop";
-  }
-  if (reason == nullptr && (r->num_output_tokens() >= r->max_new_tokens ||
-                            r->num_tokens() >= options_.max_context_tokens)) {
-    reason = "length";
-  }
-  if (reason == nullptr) {
+  StopChecker::Verdict verdict = stop_checker_.Check(*r);
+  message.set_text(std::move(verdict.text));
+  if (!verdict.finish.has_value()) {
     r->sink->Send(std::move(message));
     return;
   }
-  if (std::string_view(reason) != "stop") {
-    // Text held back for a possible stop string or an incomplete character is final now.
-    StopMatcher::Result tail = r->stop_matcher->Feed(r->detokenizer->Flush());
-    message.mutable_text()->append(ValidUtf8(tail.emit));
-    if (tail.stopped) {
-      reason = "stop";
-    } else {
-      message.mutable_text()->append(ValidUtf8(r->stop_matcher->Flush()));
-    }
-  }
-  Finish(r, absl::OkStatus(), reason, &message);
+  Finish(r, absl::OkStatus(), *verdict.finish, &message);
 }
 
-void Engine::Finish(Request* r, const absl::Status& status, std::string_view reason,
+void Engine::Finish(Request* r, const absl::Status& status, FinishReason reason,
                     v1::GenerateResponse* last) {
   r->done = true;
   const Clock::time_point now = Clock::now();
   if (status.ok()) {
-    const v1::FinishReason wire = reason == "eos"      ? v1::FINISH_REASON_EOS
-                                  : reason == "stop"   ? v1::FINISH_REASON_STOP
-                                  : reason == "length" ? v1::FINISH_REASON_LENGTH
-                                                       : v1::FINISH_REASON_CANCELLED;
-    last->set_finish_reason(wire);
+    last->set_finish_reason(WireFinishReason(reason));
     v1::Usage* usage = last->mutable_usage();
     usage->set_prompt_tokens(r->num_prompt_tokens);
     usage->set_generated_tokens(r->num_output_tokens());
@@ -363,14 +507,14 @@ void Engine::Finish(Request* r, const absl::Status& status, std::string_view rea
   r->sink->Finish(status);
   ++counters_.finished;
   if (metrics_ != nullptr) {
-    metrics_->ObserveFinished(reason, Seconds(now - r->arrival), r->num_prompt_tokens,
-                              r->num_output_tokens());
+    metrics_->ObserveFinished(FinishReasonName(reason), Seconds(now - r->arrival),
+                              r->num_prompt_tokens, r->num_output_tokens(), r->api);
   }
   spdlog::info(
       "request {} ({}) finished: reason={} status={} prompt_tokens={} cached_tokens={} "
       "generated_tokens={} queue_ms={:.1f} ttft_ms={:.1f} e2e_ms={:.1f} preemptions={}",
-      r->id, r->request_id, reason, absl::StatusCodeToString(status.code()), r->num_prompt_tokens,
-      r->num_cached_prompt_tokens, r->num_output_tokens(),
+      r->id, r->request_id, FinishReasonName(reason), absl::StatusCodeToString(status.code()),
+      r->num_prompt_tokens, r->num_cached_prompt_tokens, r->num_output_tokens(),
       r->scheduled_once ? Millis(r->first_scheduled - r->arrival) : -1.0,
       r->num_output_tokens() > 0 ? Millis(r->first_token - r->arrival) : -1.0,
       Millis(now - r->arrival), r->preemptions);
@@ -384,7 +528,7 @@ void Engine::Finish(Request* r, const absl::Status& status, std::string_view rea
 void Engine::Retire(Request* r) {
   policy_->Forget(r);
   pool_.Remove(r);
-  if (r->on_worker) pending_drops_.push_back(r->id);
+  encoder_.Drop(r->id);
   requests_.erase(r->id);
 }
 
@@ -406,8 +550,8 @@ void Engine::PublishStats() {
       slots_used += r->num_computed;
       slots_allocated += static_cast<int64_t>(r->blocks.num_blocks()) * blocks_.block_size();
     }
-    metrics_->SetPool(running, waiting, blocks_.num_used_blocks(), blocks_.num_blocks(),
-                      slots_used, slots_allocated);
+    metrics_->SetPool(running, waiting, blocks_.num_used_blocks(), blocks_.num_blocks(), slots_used,
+                      slots_allocated);
   }
 }
 

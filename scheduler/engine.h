@@ -1,16 +1,19 @@
 // The scheduler loop. One thread owns every request and every KV block: each iteration
 // it takes in arrivals and cancellations, asks the batching policy for a plan, sends one
-// delta-encoded Step to the workers, then appends the sampled tokens, streams them,
-// checks stop conditions and retires finished requests.
+// delta-encoded Step to the workers (StepEncoder), then appends the sampled tokens,
+// streams them, checks stop conditions (StopChecker) and retires finished requests.
 //
 // Other threads (the gRPC API) only Submit and Cancel; both are cheap and never block
 // on a step.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -22,7 +25,9 @@
 #include "scheduler/policy.h"
 #include "scheduler/request.h"
 #include "scheduler/request_pool.h"
+#include "scheduler/step_encoder.h"
 #include "scheduler/step_executor.h"
+#include "scheduler/stop_checker.h"
 
 namespace conveyor::scheduler {
 
@@ -32,8 +37,23 @@ class Engine {
     int num_kv_blocks = 0;
     int block_size = 16;
     bool enable_prefix_caching = true;
-    int max_queue = 1024;  // Requests waiting for admission before RESOURCE_EXHAUSTED.
+    // Requests waiting for admission before RESOURCE_EXHAUSTED.
+    int max_queue = 1024;
     int max_context_tokens = 1 << 30;  // The model's context (requests end at it).
+
+    // Worker failures (a step that fails in transport, times out or finds a worker that
+    // restarted; an idle check that finds one gone). The engine keeps the requests and,
+    // if the executor can, recovers the workers: for this long before it fails the
+    // requests it kept with UNAVAILABLE (it goes on trying after that).
+    std::chrono::milliseconds worker_recovery_timeout{120'000};
+    // While idle, how often to check that the workers are alive.
+    std::chrono::milliseconds idle_check_interval{2'000};
+    // A request that has lived through this many worker failures fails with the next,
+    // so that a request that crashes its worker cannot do so forever.
+    int max_worker_failures_per_request = 8;
+    // Called on the loop thread when the workers stop being ready (a failure) and when
+    // they are ready again (health, metrics).
+    std::function<void(bool ready)> on_workers_ready;
   };
 
   // Counters for tests and logs (the Prometheus view is SchedulerMetrics).
@@ -78,6 +98,8 @@ class Engine {
   void Stop(const absl::Status& status);
 
   Stats stats() const;
+  // False from a worker failure until the workers are back.
+  bool workers_ready() const { return workers_ready_.load(); }
   const char* policy_name() const { return policy_->name(); }
 
  private:
@@ -85,14 +107,26 @@ class Engine {
   // Takes arrivals and cancellations; returns false when the loop must exit.
   bool TakeInbox(bool wait, Clock::time_point wake_at);
   void ExpireDeadlines(Clock::time_point now);
-  // Builds the wire step for `plan` (dropping pending sequences first).
-  worker::v1::StepRequest BuildStep(const StepPlan& plan);
+  // Records when each of plan's requests is scheduled for the first time.
+  void MarkScheduled(const StepPlan& plan);
   void ApplyStep(const StepPlan& plan, const worker::v1::StepResponse& response);
   void FailStep(const StepPlan& plan, const absl::Status& status);
+  // Whether a failed step or check means the workers must be recovered (rather than that
+  // the scheduler sent a step they rejected).
+  bool IsWorkerFailure(const absl::Status& status) const;
+  // Keeps every running request for recompute (failing those that cannot go on) and
+  // starts recovering the workers. `plan` is the step that failed, if any.
+  void OnWorkerFailure(const absl::Status& status, const StepPlan* plan);
+  void StartRecovery();
+  // Takes the recovery's result if it is in: resumes serving, or after the timeout fails
+  // what was kept and tries again.
+  void PollRecovery();
+  void SetWorkersReady(bool ready);
   // Streams one sampled token; ends the request if it stops here.
   void OnToken(Request* r, const worker::v1::SampledToken& token, Clock::time_point now);
-  // Ends r's answer with `status` (and for OK, the final message `last`).
-  void Finish(Request* r, const absl::Status& status, std::string_view reason,
+  // Ends r's answer with `status` (and for OK, the final message `last`, which gets the
+  // reason and the usage).
+  void Finish(Request* r, const absl::Status& status, FinishReason reason,
               v1::GenerateResponse* last);
   // Removes r from the pool and tells the workers to drop it.
   void Retire(Request* r);
@@ -104,17 +138,23 @@ class Engine {
   StepExecutor* executor_;
   const Tokenizer* tokenizer_;
   SchedulerMetrics* metrics_;
+  const StopChecker stop_checker_;
 
   // Loop-thread state.
   BlockManager blocks_;
   RequestPool pool_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
-  std::vector<uint64_t> pending_drops_;  // Sequences the workers must forget.
-  bool reset_workers_ = false;           // The next step clears the workers' state.
-  Stats counters_;                       // Published to stats_ after each iteration.
-  uint64_t next_step_id_ = 1;
+  StepEncoder encoder_;  // What the workers hold; every step goes through it.
+  Stats counters_;       // Published to stats_ after each iteration.
   uint64_t prefix_queries_seen_ = 0;
   uint64_t prefix_hits_seen_ = 0;
+  Clock::time_point last_worker_contact_;  // For the idle liveness check.
+  // The current outage: since when, why, and the thread that brings the workers back.
+  bool recovering_ = false;
+  Clock::time_point outage_started_;
+  absl::Status outage_cause_;
+  std::thread recovery_thread_;
+  std::atomic<bool> workers_ready_{true};
 
   // Shared with Submit/Cancel/Stop.
   mutable std::mutex mu_;
@@ -126,6 +166,10 @@ class Engine {
   bool draining_ = false;
   bool stopping_ = false;
   absl::Status stop_status_;
+  // The recovery thread's answer, for the loop to take.
+  std::optional<absl::StatusOr<RecoveredWorkers>> recovery_result_;
+  // The outage outlasted worker_recovery_timeout: new requests are refused at once.
+  bool outage_exceeded_ = false;
   Stats stats_;  // A copy of counters_, published by the loop.
 
   std::thread thread_;

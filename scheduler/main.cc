@@ -4,13 +4,16 @@
 #include <csignal>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/jinja/chat_template.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -18,6 +21,7 @@
 #include "prometheus/registry.h"
 #include "scheduler/api_service.h"
 #include "scheduler/engine.h"
+#include "scheduler/http/http_server.h"
 #include "scheduler/metrics.h"
 #include "scheduler/policy.h"
 #include "scheduler/worker_group.h"
@@ -46,8 +50,25 @@ ABSL_FLAG(double, batch_window_ms, 10, "dynamic: collection window after the fir
 ABSL_FLAG(double, drain_timeout_s, 30,
           "On SIGTERM: how long in-flight requests may finish before they are ended.");
 ABSL_FLAG(double, worker_init_timeout_s, 600, "How long to wait for the workers to initialise.");
-ABSL_FLAG(double, step_timeout_s, 60, "A step the workers do not answer in time fails.");
+ABSL_FLAG(double, step_timeout_s, 60,
+          "A step the workers do not answer in this time counts as a worker failure (a hung "
+          "rank).");
+ABSL_FLAG(double, worker_recovery_timeout_s, 120,
+          "After a worker failure, how long requests wait for the workers to be back (resumed "
+          "by recompute) before they fail with UNAVAILABLE.");
+ABSL_FLAG(std::string, scheduler_id, "",
+          "Identity presented to the workers, which serve only the scheduler that initialised "
+          "them. Set a stable secret one (the Helm chart does) so a restarted scheduler takes "
+          "its workers back at once; empty: a random one, and a restarted scheduler waits out "
+          "the workers' --binding_lease_s.");
+ABSL_FLAG(int, max_receive_bytes, 16 << 20,
+          "Largest client request message accepted (a longer prompt is INVALID_ARGUMENT).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
+ABSL_FLAG(int, http_port, 0,
+          "Port for the OpenAI-compatible HTTP API (docs/http-api.md); 0 disables it.");
+ABSL_FLAG(std::string, http_host, "", "Address for the HTTP API; empty means --host.");
+ABSL_FLAG(int, http_threads, 256,
+          "Most HTTP connections served at once (one thread each, started on demand).");
 
 namespace {
 
@@ -88,6 +109,14 @@ int main(int argc, char** argv) {
     spdlog::error("cannot load the tokenizer: {}", tokenizer.status().ToString());
     return 2;
   }
+  // A chat template the interpreter cannot run fails here, naming its line, rather than
+  // at the first chat request.
+  absl::StatusOr<std::unique_ptr<conveyor::jinja::ChatTemplate>> chat_template =
+      conveyor::jinja::LoadChatTemplate(model_dir);
+  if (!chat_template.ok()) {
+    spdlog::error("cannot load the chat template: {}", chat_template.status().ToString());
+    return 2;
+  }
   conveyor::scheduler::PolicyOptions policy_options;
   policy_options.name = absl::GetFlag(FLAGS_policy);
   policy_options.limits.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
@@ -123,6 +152,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&api);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     spdlog::error("cannot listen on {}", address);
@@ -130,19 +160,51 @@ int main(int argc, char** argv) {
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
+
+  // The HTTP API answers from the start too (/health says 503 until the workers are ready),
+  // and is listening before the line that tells scripts the scheduler is up.
+  std::unique_ptr<conveyor::scheduler::HttpServer> http;
+  if (absl::GetFlag(FLAGS_http_port) != 0) {
+    conveyor::scheduler::HttpServer::Options http_options;
+    http_options.host = absl::GetFlag(FLAGS_http_host).empty() ? absl::GetFlag(FLAGS_host)
+                                                               : absl::GetFlag(FLAGS_http_host);
+    http_options.port = absl::GetFlag(FLAGS_http_port);
+    http_options.max_threads = absl::GetFlag(FLAGS_http_threads);
+    http_options.max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_receive_bytes));
+    http_options.model_dir = model_dir;
+    http_options.model_name = model_name;
+    http_options.model_aliases = {model_dir};
+    http_options.chat_template = chat_template->get();
+    http =
+        std::make_unique<conveyor::scheduler::HttpServer>(http_options, tokenizer->get(), &metrics);
+    if (absl::Status started = http->Start(); !started.ok()) {
+      spdlog::error("{}", started.ToString());
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      return 1;
+    }
+    spdlog::info("OpenAI-compatible HTTP API on http://{}:{}/v1", http_options.host, http->port());
+  }
+
   std::printf("conveyor-scheduler listening on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(), port);
   std::fflush(stdout);
   spdlog::info("conveyor-scheduler listening on {}:{} (policy {}, model {})",
                absl::GetFlag(FLAGS_host), port, absl::GetFlag(FLAGS_policy), model_dir);
 
   WorkerGroup::Options worker_options;
+  worker_options.scheduler_id = absl::GetFlag(FLAGS_scheduler_id);
+  if (worker_options.scheduler_id.empty()) {
+    std::random_device random;
+    worker_options.scheduler_id =
+        absl::StrCat(absl::Hex(static_cast<uint64_t>(random()) << 32 | random(), absl::kZeroPad16),
+                     absl::Hex(static_cast<uint64_t>(random()) << 32 | random(), absl::kZeroPad16));
+  }
   worker_options.addresses =
       absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace());
   worker_options.model_path = model_dir;
   worker_options.block_size = absl::GetFlag(FLAGS_block_size);
   worker_options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   worker_options.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
-  worker_options.max_step_sequences = absl::GetFlag(FLAGS_max_num_seqs);
+  worker_options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   worker_options.step_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_step_timeout_s) * 1000));
   WorkerGroup workers(worker_options);
@@ -187,6 +249,12 @@ int main(int argc, char** argv) {
     m.set_num_kv_blocks(info->num_kv_blocks);
     m.set_max_num_seqs(absl::GetFlag(FLAGS_max_num_seqs));
     m.set_default_max_new_tokens(absl::GetFlag(FLAGS_default_max_new_tokens));
+    m.set_bos_token_id(info->model.bos_token_id());
+    m.mutable_eos_token_ids()->Add(info->model.eos_token_ids().begin(),
+                                   info->model.eos_token_ids().end());
+    m.set_pad_token_id((*tokenizer)->pad_id());
+    m.set_tokenizer(std::string((*tokenizer)->kind()));
+    m.set_has_chat_template(*chat_template != nullptr);
     return m;
   }();
 
@@ -200,6 +268,15 @@ int main(int argc, char** argv) {
   engine_options.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   engine_options.max_queue = absl::GetFlag(FLAGS_max_queue);
   engine_options.max_context_tokens = info->model.max_context_tokens();
+  engine_options.worker_recovery_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(absl::GetFlag(FLAGS_worker_recovery_timeout_s) * 1000));
+  // Health and the metrics follow the workers: NOT_SERVING from a failure until they
+  // are back, so an orchestrator sees the outage.
+  engine_options.on_workers_ready = [&](bool ready) {
+    health->SetServingStatus(ready);
+    metrics.SetWorkersReady(ready ? workers.world_size() : 0);
+    if (http != nullptr) http->SetServing(ready);
+  };
   Engine engine(engine_options, std::move(*policy), &workers, tokenizer->get(), &metrics);
   engine.Start();
 
@@ -211,6 +288,10 @@ int main(int argc, char** argv) {
                               info->model.eos_token_ids().end());
   limits.bos_token_id = info->model.bos_token_id();
   limits.default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens);
+  if (http != nullptr) {
+    http->SetEngine(&engine, limits);
+    http->SetServing(true);
+  }
   api.SetEngine(&engine, limits, model_info);
   health->SetServingStatus(true);
   metrics.SetWorkersReady(workers.world_size());
@@ -225,6 +306,7 @@ int main(int argc, char** argv) {
 
   // Drain: refuse new calls, let in-flight ones finish, then end what is left.
   health->SetServingStatus(false);
+  if (http != nullptr) http->SetServing(false);
   engine.StartDrain();
   const auto drain_deadline =
       std::chrono::steady_clock::now() +
@@ -235,7 +317,9 @@ int main(int argc, char** argv) {
   const int left = engine.num_live_requests();
   if (left > 0) spdlog::warn("drain timeout: ending {} unfinished request(s)", left);
   engine.Stop(absl::UnavailableError("the server shut down before the request finished"));
+  if (http != nullptr) http->Stop();  // Before `engine` goes: open streams point at it.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  api.StopPreparing();  // Before `engine` goes: a prepared request may still be submitted.
   spdlog::info("conveyor-scheduler stopped");
   return 0;
 }

@@ -66,8 +66,8 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
   kv_total_ = gauge("conveyor_kv_blocks_capacity", "KV blocks the workers hold.");
   kv_slots_used_ = gauge("conveyor_kv_slots_used",
                          "Token slots of KV blocks that hold computed tokens of running requests.");
-  kv_slots_allocated_ = gauge("conveyor_kv_slots_allocated",
-                              "Token slots of the KV blocks running requests hold.");
+  kv_slots_allocated_ =
+      gauge("conveyor_kv_slots_allocated", "Token slots of the KV blocks running requests hold.");
   workers_ready_ = gauge("conveyor_workers_ready", "Worker ranks initialised and answering.");
   prompt_tokens_ = counter("conveyor_prompt_tokens_total", "Prompt tokens of admitted requests.");
   prefill_tokens_ = counter("conveyor_prefill_tokens_total",
@@ -75,6 +75,18 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
   generated_tokens_ = counter("conveyor_generated_tokens_total", "Tokens streamed to clients.");
   preemptions_ =
       counter("conveyor_preemptions_total", "Requests preempted (KV freed, recomputed later).");
+  worker_failures_ = counter("conveyor_worker_failures_total",
+                             "Worker failures seen: failed or timed-out steps, failed liveness "
+                             "checks (a rank that died, hung or restarted).");
+  worker_recoveries_ = counter("conveyor_worker_recoveries_total",
+                               "Times every worker rank was re-initialised after a failure.");
+  resumed_requests_ = counter("conveyor_resumed_requests_total",
+                              "Running requests kept through a worker failure, to be recomputed.");
+  recomputed_tokens_ = counter("conveyor_recomputed_tokens_total",
+                               "Tokens whose KV a worker failure lost (recomputed on resume).");
+  recovery_seconds_ =
+      histogram("conveyor_worker_recovery_seconds",
+                "From a worker failure until every rank serves again.", LatencyBuckets());
   prefix_queries_ = counter("conveyor_prefix_cache_queries_total",
                             "Full prompt blocks looked up in the prefix cache.");
   prefix_hits_ =
@@ -82,19 +94,25 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
   slot_steps_ = counter("conveyor_batch_slot_steps_total", "Batch slots times steps run.");
   finished_ = &prometheus::BuildCounter()
                    .Name("conveyor_requests_finished_total")
-                   .Help("Requests finished, by reason.")
+                   .Help("Requests finished, by reason and client API.")
                    .Register(registry);
   rejected_ = &prometheus::BuildCounter()
                    .Name("conveyor_requests_rejected_total")
-                   .Help("Requests refused before admission, by status code.")
+                   .Help("Requests refused before admission, by status code and client API.")
                    .Register(registry);
-  for (const char* reason : {"length", "eos", "stop", "cancelled", "deadline", "error"}) {
-    finished_->Add({{"model", model}, {"policy", policy}, {"reason", reason}});
-  }
-  for (absl::StatusCode code :
-       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted,
-        absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded}) {
-    rejected_->Add({{"model", model}, {"policy", policy}, {"code", CodeLabel(code)}});
+  for (ClientApi api : {ClientApi::kGrpc, ClientApi::kHttp}) {
+    const std::string api_label(ClientApiName(api));
+    for (const char* reason : {"length", "eos", "stop", "cancelled", "deadline", "error"}) {
+      finished_->Add(
+          {{"model", model}, {"policy", policy}, {"reason", reason}, {"api", api_label}});
+    }
+    for (absl::StatusCode code :
+         {absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound,
+          absl::StatusCode::kResourceExhausted, absl::StatusCode::kUnavailable,
+          absl::StatusCode::kDeadlineExceeded}) {
+      rejected_->Add(
+          {{"model", model}, {"policy", policy}, {"code", CodeLabel(code)}, {"api", api_label}});
+    }
   }
   wasted_slot_steps_ = counter("conveyor_batch_slot_steps_wasted_total",
                                "Batch slot-steps held by members whose answer was complete.");
@@ -105,11 +123,15 @@ void SchedulerMetrics::ObserveInterToken(double s) { itl_->Observe(s); }
 void SchedulerMetrics::ObserveQueueTime(double s) { queue_time_->Observe(s); }
 
 void SchedulerMetrics::ObserveFinished(std::string_view reason, double e2e_s, int prompt_tokens,
-                                       int generated_tokens) {
+                                       int generated_tokens, ClientApi api) {
   e2e_->Observe(e2e_s);
   prompt_tokens_hist_->Observe(prompt_tokens);
   generated_tokens_hist_->Observe(generated_tokens);
-  finished_->Add({{"model", model_}, {"policy", policy_}, {"reason", std::string(reason)}})
+  finished_
+      ->Add({{"model", model_},
+             {"policy", policy_},
+             {"reason", std::string(reason)},
+             {"api", std::string(ClientApiName(api))}})
       .Increment();
 }
 
@@ -131,8 +153,13 @@ void SchedulerMetrics::AddPrefixCacheLookups(uint64_t queries, uint64_t hits) {
   prefix_hits_->Increment(static_cast<double>(hits));
 }
 
-void SchedulerMetrics::CountRejected(absl::StatusCode code) {
-  rejected_->Add({{"model", model_}, {"policy", policy_}, {"code", CodeLabel(code)}}).Increment();
+void SchedulerMetrics::CountRejected(absl::StatusCode code, ClientApi api) {
+  rejected_
+      ->Add({{"model", model_},
+             {"policy", policy_},
+             {"code", CodeLabel(code)},
+             {"api", std::string(ClientApiName(api))}})
+      .Increment();
 }
 
 void SchedulerMetrics::SetPool(int running, int waiting, int kv_used, int kv_total,
@@ -146,5 +173,17 @@ void SchedulerMetrics::SetPool(int running, int waiting, int kv_used, int kv_tot
 }
 
 void SchedulerMetrics::SetWorkersReady(int ready) { workers_ready_->Set(ready); }
+
+void SchedulerMetrics::CountWorkerFailure() { worker_failures_->Increment(); }
+
+void SchedulerMetrics::ObserveRecovery(double outage_s) {
+  worker_recoveries_->Increment();
+  recovery_seconds_->Observe(outage_s);
+}
+
+void SchedulerMetrics::AddResumed(int requests, int64_t recomputed_tokens) {
+  resumed_requests_->Increment(requests);
+  recomputed_tokens_->Increment(static_cast<double>(recomputed_tokens));
+}
 
 }  // namespace conveyor::scheduler

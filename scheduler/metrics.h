@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "scheduler/client_api.h"
 
 namespace prometheus {
 template <typename T>
@@ -27,21 +28,26 @@ class SchedulerMetrics {
   void ObserveFirstToken(double time_to_first_token_s);
   void ObserveInterToken(double gap_s);
   void ObserveQueueTime(double queue_s);
-  // reason: length, eos, stop, cancelled, deadline or error.
+  // reason: length, eos, stop, cancelled, deadline or error; api: the front end the
+  // request came through.
   void ObserveFinished(std::string_view reason, double e2e_s, int prompt_tokens,
-                       int generated_tokens);
+                       int generated_tokens, ClientApi api = ClientApi::kGrpc);
   void ObserveStep(double duration_s, int tokens, int batch_slots, int wasted_slots);
   void AddPromptTokens(int n);
   void AddPrefillTokens(int n);
   void AddGeneratedTokens(int n);
   void AddPreemptions(int n);
   void AddPrefixCacheLookups(uint64_t queries, uint64_t hits);
-  void CountRejected(absl::StatusCode code);
+  void CountRejected(absl::StatusCode code, ClientApi api = ClientApi::kGrpc);
   // kv_slots_used: tokens whose K/V the running requests hold; kv_slots_allocated: the
   // slots of the blocks they hold (their ratio shows what block rounding wastes).
   void SetPool(int running, int waiting, int kv_blocks_used, int kv_blocks_total,
                int64_t kv_slots_used, int64_t kv_slots_allocated);
   void SetWorkersReady(int ready);
+  // Worker failures and recovery (docs/failure-handling.md).
+  void CountWorkerFailure();
+  void ObserveRecovery(double outage_s);
+  void AddResumed(int requests, int64_t recomputed_tokens);
 
  private:
   prometheus::Histogram* ttft_;
@@ -63,6 +69,11 @@ class SchedulerMetrics {
   prometheus::Counter* prefill_tokens_;
   prometheus::Counter* generated_tokens_;
   prometheus::Counter* preemptions_;
+  prometheus::Counter* worker_failures_;
+  prometheus::Counter* worker_recoveries_;
+  prometheus::Counter* resumed_requests_;
+  prometheus::Counter* recomputed_tokens_;
+  prometheus::Histogram* recovery_seconds_;
   prometheus::Counter* prefix_queries_;
   prometheus::Counter* prefix_hits_;
   prometheus::Counter* slot_steps_;

@@ -36,8 +36,8 @@ struct StepPlan {
 };
 
 struct PolicyLimits {
-  int max_num_seqs = 64;       // Sequences in one step.
-  int max_step_tokens = 2048;  // Tokens in one step (the budget).
+  int max_num_seqs = 64;             // Sequences in one step.
+  int max_step_tokens = 2048;        // Tokens in one step (the budget).
   int max_context_tokens = 1 << 30;  // The model's context: no sequence grows past it.
 };
 

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "conveyor.pb.h"
 #include "scheduler/block_manager.h"
+#include "scheduler/client_api.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/stop_matcher.h"
 #include "worker.pb.h"
@@ -46,6 +47,7 @@ struct Request {
   std::vector<int32_t> stop_token_ids;
   int num_logprobs = 0;
   int priority = 0;
+  ClientApi api = ClientApi::kGrpc;  // The front end it came through (a metrics label).
 
   Clock::time_point arrival;
   Clock::time_point deadline = Clock::time_point::max();
@@ -59,12 +61,13 @@ struct Request {
 
   // Scheduling state.
   BlockTable blocks;
-  int num_computed = 0;          // Tokens whose K/V the workers hold.
-  bool on_worker = false;        // The workers hold this sequence.
-  int num_blocks_on_worker = 0;  // Leading entries of blocks the workers know.
+  int num_computed = 0;  // Tokens whose K/V the workers hold.
   bool scheduled_once = false;
   int num_cached_prompt_tokens = 0;
   int preemptions = 0;
+  // Worker failures this request lived through (each one recomputes it); past a limit
+  // the request fails rather than take the workers down again.
+  int worker_failures = 0;
   // The client's answer is complete (finished, cancelled or failed). A run-to-completion
   // policy may keep such a request in its batch as padding until the batch ends.
   bool done = false;

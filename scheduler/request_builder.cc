@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/sampling_params_wire.h"
 #include "common/status_macros.h"
 
 namespace conveyor::scheduler {
@@ -11,48 +12,26 @@ namespace {
 
 absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-// Checks an optional float field against [lo, hi] (open at lo when lo_open).
-absl::Status CheckRange(const char* field, bool has, float value, float lo, float hi,
-                        bool lo_open = false) {
-  if (!has) return absl::OkStatus();
-  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) && value <= hi;
-  if (ok) return absl::OkStatus();
-  return Invalid(
-      absl::StrCat(field, " must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], got ", value));
-}
-
+// The request's sampling fields over SamplingParams' defaults, validated, on the wire.
 absl::Status FillSampling(const v1::GenerateRequest& p, const ServingLimits& limits,
                           worker::v1::SamplingParams* s) {
-  RETURN_IF_ERROR(CheckRange("temperature", p.has_temperature(), p.temperature(), 0, 100));
-  RETURN_IF_ERROR(CheckRange("top_p", p.has_top_p(), p.top_p(), 0, 1, /*lo_open=*/true));
-  RETURN_IF_ERROR(CheckRange("min_p", p.has_min_p(), p.min_p(), 0, 1));
-  RETURN_IF_ERROR(CheckRange("repetition_penalty", p.has_repetition_penalty(),
-                             p.repetition_penalty(), 0, 100, /*lo_open=*/true));
-  RETURN_IF_ERROR(
-      CheckRange("presence_penalty", p.has_presence_penalty(), p.presence_penalty(), -2, 2));
-  RETURN_IF_ERROR(
-      CheckRange("frequency_penalty", p.has_frequency_penalty(), p.frequency_penalty(), -2, 2));
-  if (p.has_top_k() && p.top_k() < 0) {
-    return Invalid(absl::StrCat("top_k must be >= 0 (0 = off), got ", p.top_k()));
-  }
-  if (p.logprobs() < 0 || p.logprobs() > limits.max_logprobs) {
-    return Invalid(
-        absl::StrCat("logprobs must be in [0, ", limits.max_logprobs, "], got ", p.logprobs()));
-  }
-  s->set_temperature(p.has_temperature() ? p.temperature() : 1.0f);
-  s->set_top_k(p.top_k());
-  s->set_top_p(p.has_top_p() ? p.top_p() : 1.0f);
-  s->set_min_p(p.min_p());
-  s->set_repetition_penalty(p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f);
-  s->set_presence_penalty(p.presence_penalty());
-  s->set_frequency_penalty(p.frequency_penalty());
+  SamplingParams params;
+  if (p.has_temperature()) params.temperature = p.temperature();
+  if (p.has_top_k()) params.top_k = p.top_k();
+  if (p.has_top_p()) params.top_p = p.top_p();
+  if (p.has_min_p()) params.min_p = p.min_p();
+  if (p.has_repetition_penalty()) params.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) params.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) params.frequency_penalty = p.frequency_penalty();
+  params.num_logprobs = p.logprobs();
   if (p.has_seed()) {
-    s->set_seed(p.seed());
+    params.seed = p.seed();
   } else {
     static thread_local std::mt19937_64 rng(std::random_device{}());
-    s->set_seed(rng());
+    params.seed = rng();
   }
-  s->set_num_logprobs(p.logprobs());
+  RETURN_IF_ERROR(ValidateSamplingParams(params, limits.max_logprobs));
+  *s = ToWire(params);
   return absl::OkStatus();
 }
 
@@ -61,14 +40,27 @@ absl::Status FillSampling(const v1::GenerateRequest& p, const ServingLimits& lim
 absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest& p,
                                                       const ServingLimits& limits,
                                                       const Tokenizer& tokenizer) {
+  // Bounds first, before anything costs in proportion to the input.
+  if (p.request_id().size() > kMaxRequestIdBytes) {
+    return Invalid(absl::StrCat("request_id is ", p.request_id().size(), " bytes; at most ",
+                                kMaxRequestIdBytes, " are echoed back"));
+  }
+  if (p.prompt_case() == v1::GenerateRequest::kText &&
+      p.text().size() > static_cast<size_t>(limits.max_context_tokens) * kMaxPromptBytesPerToken) {
+    return Invalid(absl::StrCat("text is ", p.text().size(), " bytes: more than a context of ",
+                                limits.max_context_tokens, " tokens can hold; shorten the prompt"));
+  }
   auto r = std::make_unique<Request>();
-  const bool add_bos = !p.has_add_bos() || p.add_bos();
   switch (p.prompt_case()) {
     case v1::GenerateRequest::kText: {
       if (p.text().empty()) return Invalid("text is empty; give a prompt");
-      ASSIGN_OR_RETURN(std::vector<int> ids, tokenizer.Encode(p.text()));
-      if (add_bos && limits.bos_token_id >= 0) r->tokens.push_back(limits.bos_token_id);
-      r->tokens.insert(r->tokens.end(), ids.begin(), ids.end());
+      // The tokenizer frames the text as the model was trained (BOS for Llama, nothing
+      // for Qwen2) unless add_bos is false.
+      const bool add_special = !p.has_add_bos() || p.add_bos();
+      ASSIGN_OR_RETURN(std::vector<int> ids, add_special
+                                                 ? tokenizer.EncodeWithSpecialTokens(p.text())
+                                                 : tokenizer.Encode(p.text()));
+      r->tokens.assign(ids.begin(), ids.end());
       break;
     }
     case v1::GenerateRequest::kTokenIds:
@@ -78,7 +70,16 @@ absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest&
                                       limits.vocab_size, ")"));
         }
       }
-      r->tokens.assign(p.token_ids().ids().begin(), p.token_ids().ids().end());
+      // Token ids are used as given, unless the client asks for a BOS explicitly.
+      if (p.has_add_bos() && p.add_bos()) {
+        if (limits.bos_token_id < 0) {
+          return Invalid("add_bos is true but the model has no BOS token; leave it unset");
+        }
+        if (p.token_ids().ids().empty() || p.token_ids().ids(0) != limits.bos_token_id) {
+          r->tokens.push_back(limits.bos_token_id);
+        }
+      }
+      r->tokens.insert(r->tokens.end(), p.token_ids().ids().begin(), p.token_ids().ids().end());
       break;
     case v1::GenerateRequest::PROMPT_NOT_SET:
       break;
@@ -135,11 +136,10 @@ absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest&
   r->priority = p.priority();
   r->request_id = p.request_id();
 
-  // A few prompt tokens give the detokenizer the context for the first output's spacing.
-  constexpr int kDetokenizerContext = 4;
-  const int context = std::min(kDetokenizerContext, r->num_prompt_tokens);
+  // The detokenizer keeps the prompt's last few tokens as context for the first output's
+  // spacing (IncrementalDetokenizer::kContextTokens).
   r->detokenizer = std::make_unique<IncrementalDetokenizer>(
-      &tokenizer, std::span<const int>(r->tokens.data() + r->num_prompt_tokens - context, context));
+      &tokenizer, std::span<const int>(r->tokens.data(), r->num_prompt_tokens));
   r->stop_matcher = std::make_unique<StopMatcher>(std::move(stops));
   return r;
 }

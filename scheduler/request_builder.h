@@ -26,6 +26,13 @@ struct ServingLimits {
   int max_logprobs = 20;
 };
 
+// Longest request_id accepted (it is echoed in every streamed message).
+inline constexpr size_t kMaxRequestIdBytes = 256;
+// A text prompt longer than max_context_tokens times this many bytes cannot fit the
+// context whatever the tokenizer: it is refused before tokenizing. Generous (a token of
+// real text is a few bytes), so that only prompts that cannot fit are refused this way.
+inline constexpr size_t kMaxPromptBytesPerToken = 32;
+
 // Validates `proto` and builds the request (tokens, sampling, stopping). Does not set
 // id, arrival, deadline or sink.
 absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest& proto,

@@ -23,11 +23,14 @@ void RequestPool::AdmitFront() {
 }
 
 void RequestPool::Preempt(Request* r) {
+  Requeue(r);
+  ++r->preemptions;
+}
+
+void RequestPool::Requeue(Request* r) {
   running_.erase(std::find(running_.begin(), running_.end(), r));
   r->blocks.Release();
   r->num_computed = 0;
-  r->num_blocks_on_worker = 0;
-  ++r->preemptions;
   AddWaiting(r);
 }
 

@@ -24,6 +24,9 @@ class RequestPool {
   // Frees r's blocks and puts it back at the front of its priority among the waiting:
   // it will be recomputed (its prompt and output so far) when admitted again.
   void Preempt(Request* r);
+  // As Preempt, without counting a preemption: after a worker failure, every running
+  // request goes back this way to be recomputed on the re-initialised workers.
+  void Requeue(Request* r);
   // Forgets `r` (waiting or running) and frees its blocks.
   void Remove(Request* r);
 

@@ -28,14 +28,12 @@ void RunToCompletionPolicy::FormBatch(RequestPool& pool) {
   while (!pool.waiting().empty() && static_cast<int>(batch_.size()) < BatchCap()) {
     Request* r = pool.waiting().front();
     BlockManager::PrefixMatch match = blocks.AcquirePrefix(r->tokens);
-    const int padded =
-        std::min(r->num_prompt_tokens + batch_max_new, limits_.max_context_tokens);
+    const int padded = std::min(r->num_prompt_tokens + batch_max_new, limits_.max_context_tokens);
     // A batch's first member always fits unpadded (requests larger than the cache are
     // refused at admission), so a batch can always form.
-    const bool fits =
-        blocks.EnsureCapacity(match.table, padded) ||
-        (batch_.empty() &&
-         blocks.EnsureCapacity(match.table, r->num_prompt_tokens + r->max_new_tokens));
+    const bool fits = blocks.EnsureCapacity(match.table, padded) ||
+                      (batch_.empty() && blocks.EnsureCapacity(match.table, r->num_prompt_tokens +
+                                                                                r->max_new_tokens));
     if (!fits) break;
     r->blocks = std::move(match.table);
     r->num_computed = match.num_cached_tokens;

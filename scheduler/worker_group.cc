@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "common/step_protocol.h"
 #include "grpcpp/grpcpp.h"
 
 namespace conveyor::scheduler {
@@ -32,8 +34,11 @@ class Latch {
   int count_;
 };
 
+// Worth retrying while initialising: a worker still starting (or restarting), or one
+// still bound to a scheduler that went away (its binding lease runs out).
 bool IsTransient(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         code == grpc::StatusCode::PERMISSION_DENIED;
 }
 
 }  // namespace
@@ -48,6 +53,7 @@ grpc::Status WorkerGroup::CallUntil(std::chrono::system_clock::time_point deadli
     grpc::ClientContext context;
     context.set_deadline(deadline);
     context.set_wait_for_ready(true);
+    context.AddMetadata(kSchedulerIdMetadataKey, options_.scheduler_id);
     {
       std::lock_guard<std::mutex> lock(init_mu_);
       if (init_cancelled_) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
@@ -76,6 +82,11 @@ void WorkerGroup::CancelInitialize() {
 WorkerGroup::WorkerGroup(Options options) : options_(std::move(options)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // Reconnect to a restarted worker within a second, not gRPC's default of up to 2
+  // minutes of backoff: a worker that is back should serve again at once.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   for (const std::string& address : options_.addresses) {
     stubs_.push_back(v1::Worker::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
@@ -102,6 +113,7 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
   std::vector<v1::InitResponse> responses(world);
   std::vector<grpc::Status> statuses(world);
   std::vector<std::thread> threads;
+  threads.reserve(world);
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       v1::InitRequest request;
@@ -112,7 +124,7 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
       request.set_block_size(options_.block_size);
       request.set_kv_cache_bytes(options_.kv_cache_bytes);
       request.set_max_step_tokens(options_.max_step_tokens);
-      request.set_max_step_sequences(options_.max_step_sequences);
+      request.set_max_num_seqs(options_.max_num_seqs);
       // The ranks of a group connect inside Init, so one rank retrying alone cannot
       // succeed once the others gave up (and rank 0 then wants a new id): no retries.
       statuses[rank] = CallUntil(deadline, /*retry=*/world == 1, [&](grpc::ClientContext* c) {
@@ -147,6 +159,7 @@ absl::StatusOr<v1::StepResponse> WorkerGroup::Step(const v1::StepRequest& reques
   for (int rank = 0; rank < world; ++rank) {
     contexts[rank] = std::make_unique<grpc::ClientContext>();
     contexts[rank]->set_deadline(std::chrono::system_clock::now() + options_.step_timeout);
+    contexts[rank]->AddMetadata(kSchedulerIdMetadataKey, options_.scheduler_id);
     stubs_[rank]->async()->Step(contexts[rank].get(), &request, &responses[rank],
                                 [&, rank](grpc::Status status) {
                                   statuses[rank] = std::move(status);
@@ -165,10 +178,51 @@ absl::StatusOr<v1::StepResponse> WorkerGroup::Step(const v1::StepRequest& reques
   return std::move(responses[0]);
 }
 
+absl::StatusOr<RecoveredWorkers> WorkerGroup::Recover(
+    std::chrono::system_clock::time_point deadline) {
+  ASSIGN_OR_RETURN(const Info info, Initialize(deadline));
+  RecoveredWorkers recovered;
+  recovered.num_kv_blocks = info.num_kv_blocks;
+  recovered.block_size = info.block_size;
+  return recovered;
+}
+
+absl::Status WorkerGroup::CheckAlive(std::chrono::milliseconds timeout) {
+  const int world = world_size();
+  std::vector<v1::HealthResponse> responses(world);
+  std::vector<grpc::Status> statuses(world);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(world);
+  Latch latch(world);
+  for (int rank = 0; rank < world; ++rank) {
+    contexts[rank] = std::make_unique<grpc::ClientContext>();
+    contexts[rank]->set_deadline(std::chrono::system_clock::now() + timeout);
+    contexts[rank]->AddMetadata(kSchedulerIdMetadataKey, options_.scheduler_id);
+    stubs_[rank]->async()->Health(contexts[rank].get(), &health_request_, &responses[rank],
+                                  [&, rank](grpc::Status status) {
+                                    statuses[rank] = std::move(status);
+                                    latch.CountDown();
+                                  });
+  }
+  latch.Wait();
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string who = absl::StrCat("worker rank ", rank, " (", options_.addresses[rank], ")");
+    if (!statuses[rank].ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(who, " does not answer: ", statuses[rank].error_message()));
+    }
+    if (!responses[rank].initialized()) {
+      return absl::UnavailableError(
+          absl::StrCat(who, " is up but not initialised (it restarted, or unloaded its model)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void WorkerGroup::ShutdownWorkers() {
   for (auto& stub : stubs_) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    context.AddMetadata(kSchedulerIdMetadataKey, options_.scheduler_id);
     v1::ShutdownRequest request;
     v1::ShutdownResponse response;
     stub->Shutdown(&context, request, &response);

@@ -1,5 +1,7 @@
-// The worker ranks of one model replica, over gRPC: initialises them together and sends
-// every step to all of them in parallel.
+// The worker ranks of one model replica, over gRPC: initialises them together (and again
+// after a failure), sends every step to all of them in parallel, and checks while idle
+// that they are still up and initialised. Every call carries the scheduler's identity
+// (common/step_protocol.h), which binds the workers to this scheduler.
 #pragma once
 
 #include <atomic>
@@ -20,11 +22,14 @@ class WorkerGroup final : public StepExecutor {
  public:
   struct Options {
     std::vector<std::string> addresses;  // host:port of rank 0, 1, …
+    // Presented to the workers on every call. A scheduler that restarts with the same
+    // id takes its workers back at once; with another, once their binding lease lapses.
+    std::string scheduler_id;
     std::string model_path;
     int block_size = 16;
     uint64_t kv_cache_bytes = 0;  // Per rank; 0 lets each worker choose.
     int max_step_tokens = 0;
-    int max_step_sequences = 0;
+    int max_num_seqs = 0;
     std::chrono::milliseconds step_timeout{60'000};
   };
 
@@ -47,6 +52,10 @@ class WorkerGroup final : public StepExecutor {
   void CancelInitialize();
 
   absl::StatusOr<worker::v1::StepResponse> Step(const worker::v1::StepRequest& request) override;
+  absl::StatusOr<RecoveredWorkers> Recover(std::chrono::system_clock::time_point deadline) override;
+  absl::Status CheckAlive(std::chrono::milliseconds timeout) override;
+  bool can_recover() const override { return true; }
+  void CancelRecovery() override { CancelInitialize(); }
 
   // Asks every rank to exit (best effort).
   void ShutdownWorkers();
@@ -59,6 +68,7 @@ class WorkerGroup final : public StepExecutor {
 
   Options options_;
   std::vector<std::unique_ptr<worker::v1::Worker::Stub>> stubs_;
+  const worker::v1::HealthRequest health_request_;
   std::atomic<bool> init_cancelled_{false};
   std::mutex init_mu_;
   std::set<grpc::ClientContext*> init_calls_;  // Guarded by init_mu_.

@@ -72,8 +72,7 @@ int main(int argc, char** argv) {
             [&](float v) { request.set_frequency_penalty(v); });
   if (absl::GetFlag(FLAGS_top_k) >= 0) request.set_top_k(absl::GetFlag(FLAGS_top_k));
   if (absl::GetFlag(FLAGS_seed) >= 0) request.set_seed(absl::GetFlag(FLAGS_seed));
-  for (absl::string_view stop :
-       absl::StrSplit(absl::GetFlag(FLAGS_stop), '|', absl::SkipEmpty())) {
+  for (absl::string_view stop : absl::StrSplit(absl::GetFlag(FLAGS_stop), '|', absl::SkipEmpty())) {
     request.add_stop(std::string(stop));
   }
   request.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
@@ -83,9 +82,9 @@ int main(int argc, char** argv) {
   auto stub = conveyor::v1::Conveyor::NewStub(
       grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(
-                           static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000)));
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000)));
   auto reader = stub->Generate(&context, request);
   conveyor::v1::GenerateResponse response;
   conveyor::v1::GenerateResponse last;
@@ -100,14 +99,15 @@ int main(int argc, char** argv) {
   const grpc::Status status = reader->Finish();
   std::cout << "\n";
   if (!status.ok()) {
-    std::cerr << "conveyor-cli: " << status.error_message() << " (gRPC code "
-              << status.error_code() << ")\n";
+    std::cerr << "conveyor-cli: " << status.error_message() << " (gRPC code " << status.error_code()
+              << ")\n";
     return 1;
   }
   const conveyor::v1::Usage& u = last.usage();
   std::cerr << "[" << conveyor::v1::FinishReason_Name(last.finish_reason()) << "] prompt "
-            << u.prompt_tokens() << " tokens (" << u.cached_prompt_tokens() << " cached), generated "
-            << u.generated_tokens() << " tokens; queue " << u.queue_time_ms() << " ms, first token "
-            << u.time_to_first_token_ms() << " ms, total " << u.e2e_latency_ms() << " ms\n";
+            << u.prompt_tokens() << " tokens (" << u.cached_prompt_tokens()
+            << " cached), generated " << u.generated_tokens() << " tokens; queue "
+            << u.queue_time_ms() << " ms, first token " << u.time_to_first_token_ms()
+            << " ms, total " << u.e2e_latency_ms() << " ms\n";
   return 0;
 }

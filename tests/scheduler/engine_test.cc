@@ -45,7 +45,11 @@ bool IsValidUtf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
     const unsigned char c = s[i];
-    const int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    const int extra = c < 0x80           ? 0
+                      : (c >> 5) == 0x6  ? 1
+                      : (c >> 4) == 0xE  ? 2
+                      : (c >> 3) == 0x1E ? 3
+                                         : -1;
     if (extra < 0 || i + extra >= s.size() + (extra == 0 ? 1 : 0)) return false;
     for (int k = 1; k <= extra; ++k) {
       if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
@@ -272,17 +276,16 @@ TEST_F(EngineTest, StopsAtStopStringsStopTokensAndEos) {
   EXPECT_EQ(stopped->text_, probe->text_.substr(0, probe->text_.find(stop)));
 
   const int fifth = probe->tokens_[4];
-  auto by_token = Submit({1, 40, 41, 42}, 24,
-                         [&](v1::GenerateRequest& r) { r.add_stop_token_ids(fifth); });
+  auto by_token =
+      Submit({1, 40, 41, 42}, 24, [&](v1::GenerateRequest& r) { r.add_stop_token_ids(fifth); });
   ASSERT_TRUE(by_token->WaitDone());
   EXPECT_EQ(by_token->last_.finish_reason(), v1::FINISH_REASON_STOP);
   EXPECT_EQ(by_token->tokens_.back(), fifth);
   EXPECT_LE(by_token->tokens_.size(), 5u);
 
   limits_.eos_token_ids = {fifth};  // Pretend that token is the model's EOS.
-  auto by_eos = Submit({1, 40, 41, 42}, 24, [&](v1::GenerateRequest& r) {
-    r.set_ignore_eos(false);
-  });
+  auto by_eos =
+      Submit({1, 40, 41, 42}, 24, [&](v1::GenerateRequest& r) { r.set_ignore_eos(false); });
   ASSERT_TRUE(by_eos->WaitDone());
   EXPECT_EQ(by_eos->last_.finish_reason(), v1::FINISH_REASON_EOS);
   EXPECT_EQ(by_eos->last_.usage().generated_tokens(), static_cast<int>(by_eos->tokens_.size()));

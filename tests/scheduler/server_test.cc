@@ -87,8 +87,7 @@ TEST(ServerTest, CancellingHalfTheStreamsLeavesEveryBlockFree) {
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
       auto cancel = [i](const Stream& s) { return i % 2 == 0 && s.tokens.size() >= 5; };
-      streams[i] = server.Generate(Greedy({1, 7, static_cast<int32_t>(20 + i)}, 300), 120s,
-                                   cancel);
+      streams[i] = server.Generate(Greedy({1, 7, static_cast<int32_t>(20 + i)}, 300), 120s, cancel);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -149,8 +148,11 @@ TEST(ServerTest, NoWorkerIsUnavailable) {
   EXPECT_THAT(s.status.error_message(), HasSubstr("no model worker is ready"));
 }
 
+// A worker that dies and never comes back: the scheduler keeps the streams for
+// --worker_recovery_timeout_s (tests/scheduler/chaos_test.cc covers the worker that comes
+// back), then ends each with a status that says why.
 TEST(ServerTest, AWorkerThatDiesEndsItsStreamsWithAStatus) {
-  Server server({});
+  Server server({"--worker_recovery_timeout_s=1"});
   ASSERT_TRUE(server.WaitReady());
   std::vector<Stream> streams(4);
   std::vector<std::thread> threads;
@@ -191,6 +193,11 @@ TEST(ServerTest, TokenizeAndModelInfoDescribeTheServedModel) {
   EXPECT_EQ(info.max_num_seqs(), 7);
   EXPECT_EQ(info.kv_block_size(), 4);
   EXPECT_GT(info.num_kv_blocks(), 0);
+  // What a client sending token ids needs, without tokenizing "" to guess.
+  EXPECT_EQ(info.bos_token_id(), 1);
+  EXPECT_THAT(info.eos_token_ids(), ::testing::ElementsAre(2));
+  EXPECT_EQ(info.tokenizer(), "sentencepiece");
+  EXPECT_FALSE(info.has_chat_template());
 
   grpc::ClientContext tokenize_context;
   v1::TokenizeRequest request;
@@ -203,6 +210,49 @@ TEST(ServerTest, TokenizeAndModelInfoDescribeTheServedModel) {
   std::string text;
   for (int i = 1; i < tokens.pieces_size(); ++i) text += tokens.pieces(i);
   EXPECT_EQ(text, "\u2581hello\u2581world");  // sentencepiece marks spaces with U+2581.
+}
+
+// add_bos with token ids is honoured (a BOS is prepended unless present), and a
+// logprob entry's text is the token's text as the stream shows it.
+TEST(ServerTest, AddBosWithTokenIdsAndLogprobTextAsStreamed) {
+  Server server({});
+  ASSERT_TRUE(server.WaitReady());
+  v1::GenerateRequest plain = Greedy({9, 30, 31}, 6);
+  v1::GenerateRequest with_bos = plain;
+  with_bos.set_add_bos(true);
+  v1::GenerateRequest explicit_bos = Greedy({1, 9, 30, 31}, 6);
+  const Stream a = server.Generate(with_bos);
+  const Stream b = server.Generate(explicit_bos);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  EXPECT_EQ(a.last.usage().prompt_tokens(), 4);
+  EXPECT_EQ(a.tokens, b.tokens);  // The same prompt: BOS + the three ids.
+  EXPECT_EQ(server.Generate(plain).last.usage().prompt_tokens(), 3);
+
+  v1::GenerateRequest logprobs = Greedy({1, 9, 30, 31}, 12);
+  logprobs.set_logprobs(2);
+  auto stub = v1::Conveyor::NewStub(server.channel());
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, logprobs);
+  v1::GenerateResponse response;
+  int compared = 0;
+  while (reader->Read(&response)) {
+    // A message of one token whose text is complete (not held back, no partial
+    // character) shows exactly that token's text.
+    if (response.logprobs_size() != 1 || response.text().empty() ||
+        response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      continue;
+    }
+    const std::string& text = response.logprobs(0).token().text();
+    // U+FFFD: a byte piece, whose text the stream shows with its neighbours.
+    if (text.find("\xEF\xBF\xBD") != std::string::npos ||
+        response.text().find("\xEF\xBF\xBD") != std::string::npos) {
+      continue;
+    }
+    EXPECT_EQ(text, response.text());
+    ++compared;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_GT(compared, 0);
 }
 
 }  // namespace

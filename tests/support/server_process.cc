@@ -38,9 +38,9 @@ Server::Server(std::vector<std::string> flags, bool start_worker) {
   const auto line = scheduler_->WaitForLine("listening on", 30s);
   EXPECT_TRUE(line.has_value());
   scheduler_->DrainStdout();
-  channel_ = grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(PortFromListeningLine(line.value_or(""))),
-      grpc::InsecureChannelCredentials());
+  channel_ =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(PortFromListeningLine(line.value_or(""))),
+                          grpc::InsecureChannelCredentials());
   stub_ = v1::Conveyor::NewStub(channel_);
 }
 

@@ -1,0 +1,289 @@
+// The real Engine loop over the scripted executor (tests/support/scripted_executor.h)
+// instead of a model: the steps it sends, the order it streams tokens in, how a failed
+// step ends the running requests and resets the workers, cancellation and preemption.
+// The end-to-end checks with the model are tests/scheduler/engine_test.cc.
+#include "scheduler/engine.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "scheduler/request_builder.h"
+#include "tests/support/scripted_executor.h"
+#include "tests/support/test_tokenizer.h"
+
+namespace conveyor::scheduler {
+namespace {
+
+using namespace std::chrono_literals;
+using ::conveyor::testing::ByteToken;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr int kBlockSize = 4;
+
+// Records one request's stream.
+class RecordingSink final : public ResponseSink {
+ public:
+  void Send(v1::GenerateResponse message) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_FALSE(finished_) << "Send after Finish";
+    for (int id : message.token_ids()) tokens_.push_back(id);
+    text_ += message.text();
+    if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last_ = message;
+    ++messages_;
+    cv_.notify_all();
+  }
+  void Finish(const absl::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_FALSE(finished_) << "Finish called twice";
+    status_ = status;
+    finished_ = true;
+    cv_.notify_all();
+  }
+  bool WaitDone() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 30s, [&] { return finished_; });
+  }
+  bool WaitMessages(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 30s, [&] { return messages_ >= n; });
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int> tokens_;
+  std::string text_;
+  v1::GenerateResponse last_;
+  absl::Status status_;
+  bool finished_ = false;
+  int messages_ = 0;
+};
+
+class EngineLoopTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { tokenizer_ = testing::TrainTestTokenizer(); }
+  static void TearDownTestSuite() { tokenizer_.reset(); }
+  void SetUp() override { ASSERT_NE(tokenizer_, nullptr); }
+  void TearDown() override {
+    engine_.reset();  // Joins the loop before the executor goes.
+    EXPECT_THAT(executor_.violations(), IsEmpty()) << "the engine sent a step a worker rejects";
+  }
+
+  // An engine (not started) under the continuous policy.
+  void MakeEngine(int num_blocks, int max_num_seqs = 8) {
+    PolicyOptions policy;
+    policy.limits = {max_num_seqs, /*max_step_tokens=*/64};
+    Engine::Options options;
+    options.num_kv_blocks = num_blocks;
+    options.block_size = kBlockSize;
+    limits_.vocab_size = tokenizer_->vocab_size();
+    limits_.max_context_tokens = 4096;
+    limits_.kv_capacity_tokens = num_blocks * kBlockSize;
+    limits_.eos_token_ids = {testing::kTestEosId};
+    limits_.bos_token_id = testing::kTestBosId;
+    engine_ = std::make_unique<Engine>(options, *MakePolicy(policy), &executor_, tokenizer_.get(),
+                                       nullptr);
+  }
+
+  // Submits a request over token ids; `id` gets its id (the sequence id on the workers).
+  std::shared_ptr<RecordingSink> Submit(
+      std::vector<int32_t> prompt, int max_new, uint64_t* id,
+      const std::function<void(v1::GenerateRequest&)>& edit = {}) {
+    v1::GenerateRequest proto;
+    proto.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+    proto.set_max_new_tokens(max_new);
+    if (edit) edit(proto);
+    auto built = BuildRequest(proto, limits_, *tokenizer_);
+    EXPECT_TRUE(built.ok()) << built.status();
+    auto sink = std::make_shared<RecordingSink>();
+    (*built)->sink = sink;
+    absl::StatusOr<uint64_t> submitted = engine_->Submit(std::move(*built));
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    *id = submitted.value_or(0);
+    return sink;
+  }
+
+  // Waits until the loop has published stats that satisfy `done`.
+  bool WaitStats(const std::function<bool(const Engine::Stats&)>& done) {
+    for (auto until = std::chrono::steady_clock::now() + 30s;
+         std::chrono::steady_clock::now() < until; std::this_thread::sleep_for(1ms)) {
+      if (done(engine_->stats())) return true;
+    }
+    return false;
+  }
+
+  static inline std::unique_ptr<Tokenizer> tokenizer_;
+  testing::ScriptedExecutor executor_{kBlockSize};
+  ServingLimits limits_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineLoopTest, TokensStreamInOrderAndTheLastMessageSaysWhy) {
+  MakeEngine(64);
+  uint64_t id = 0;
+  auto sink = Submit({1, 40, 41, 42, 43}, 4, &id);
+  const std::vector<int32_t> script = {ByteToken('a'), ByteToken('b'), ByteToken('c'),
+                                       ByteToken('d')};
+  executor_.ScriptTokens(id, script);
+  engine_->Start();
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_TRUE(sink->status_.ok()) << sink->status_;
+  EXPECT_THAT(sink->tokens_, ElementsAreArray(script));
+  EXPECT_EQ(sink->text_, "abcd");
+  EXPECT_EQ(sink->messages_, 4);  // One per token; the last also ends the answer.
+  EXPECT_EQ(sink->last_.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(sink->last_.usage().prompt_tokens(), 5);
+  EXPECT_EQ(sink->last_.usage().generated_tokens(), 4);
+
+  // The prompt once as a new sequence, then one token per step as a running one.
+  const std::vector<worker::v1::StepRequest> steps = executor_.requests();
+  ASSERT_EQ(steps.size(), 4u);
+  ASSERT_EQ(steps[0].new_sequences_size(), 1);
+  EXPECT_THAT(steps[0].new_sequences(0).token_ids(), ElementsAre(1, 40, 41, 42, 43));
+  EXPECT_EQ(steps[0].new_sequences(0).num_tokens(), 5);
+  for (size_t i = 1; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].step_id(), i + 1);
+    EXPECT_THAT(steps[i].new_sequences(), IsEmpty());
+    ASSERT_EQ(steps[i].running_size(), 1);
+    EXPECT_EQ(steps[i].running(0).num_tokens(), 1);
+  }
+}
+
+TEST_F(EngineLoopTest, EosAndStopStringsEndTheStream) {
+  MakeEngine(64);
+  uint64_t eos_id = 0, stop_id = 0;
+  auto by_eos = Submit({1, 40}, 10, &eos_id);
+  auto by_stop = Submit({1, 50}, 10, &stop_id, [](v1::GenerateRequest& p) { p.add_stop("yz"); });
+  executor_.ScriptTokens(eos_id, {ByteToken('o'), ByteToken('k'), testing::kTestEosId});
+  executor_.ScriptTokens(stop_id, {ByteToken('x'), ByteToken('y'), ByteToken('z')});
+  engine_->Start();
+  ASSERT_TRUE(by_eos->WaitDone());
+  ASSERT_TRUE(by_stop->WaitDone());
+  EXPECT_EQ(by_eos->last_.finish_reason(), v1::FINISH_REASON_EOS);
+  EXPECT_EQ(by_eos->text_, "ok");
+  EXPECT_EQ(by_eos->tokens_.size(), 3u);  // EOS is streamed as a token, not as text.
+  EXPECT_EQ(by_stop->last_.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(by_stop->text_, "x");
+}
+
+TEST_F(EngineLoopTest, AFailedStepEndsTheRunningRequestsAndTheNextStepResetsTheWorkers) {
+  MakeEngine(64, /*max_num_seqs=*/1);  // `second` waits while `first` runs.
+  uint64_t first_id = 0, second_id = 0;
+  auto first = Submit({1, 40, 41}, 100, &first_id);
+  auto second = Submit({1, 50, 51}, 3, &second_id);
+  executor_.FailCall(3, absl::UnavailableError("worker rank 1 is gone"));
+  engine_->Start();
+
+  ASSERT_TRUE(first->WaitDone());
+  EXPECT_EQ(first->status_.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(first->status_.message()),
+              HasSubstr("the model workers failed: worker rank 1 is gone"));
+  EXPECT_EQ(first->tokens_.size(), 2u);  // From the two steps that ran.
+  ASSERT_TRUE(second->WaitDone());
+  EXPECT_TRUE(second->status_.ok()) << second->status_;
+  EXPECT_EQ(second->tokens_.size(), 3u);
+
+  const std::vector<worker::v1::StepRequest> steps = executor_.requests();
+  ASSERT_GE(steps.size(), 5u);
+  EXPECT_FALSE(steps[2].reset());
+  EXPECT_TRUE(steps[3].reset());  // The workers start from a clean slate...
+  EXPECT_THAT(steps[3].dropped_seq_ids(), IsEmpty());
+  EXPECT_THAT(steps[3].running(), IsEmpty());
+  ASSERT_EQ(steps[3].new_sequences_size(), 1);  // ...with the request that was waiting.
+  EXPECT_EQ(steps[3].new_sequences(0).seq_id(), second_id);
+  EXPECT_FALSE(steps[4].reset());
+  EXPECT_TRUE(WaitStats([](const Engine::Stats& s) { return s.finished == 2; }));
+}
+
+TEST_F(EngineLoopTest, AStepTheWorkersRejectIsAnInternalErrorForTheClient) {
+  MakeEngine(64);
+  uint64_t id = 0;
+  auto sink = Submit({1, 40, 41}, 100, &id);
+  executor_.FailCall(2, absl::InvalidArgumentError("sequence 1: too few blocks"));
+  engine_->Start();
+  ASSERT_TRUE(sink->WaitDone());
+  // The client's request was fine; the scheduler's step was not.
+  EXPECT_EQ(sink->status_.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(sink->status_.message()), HasSubstr("too few blocks"));
+}
+
+TEST_F(EngineLoopTest, CancellingFreesTheBlocksAndDropsTheSequence) {
+  MakeEngine(64);
+  executor_.set_step_delay(1ms);  // Time to cancel while it runs.
+  uint64_t id = 0;
+  auto sink = Submit({1, 40, 41}, 200, &id);
+  engine_->Start();
+  ASSERT_TRUE(sink->WaitMessages(3));
+  engine_->Cancel(id);
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_EQ(sink->status_.code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(sink->tokens_.size(), 200u);
+  EXPECT_TRUE(WaitStats([](const Engine::Stats& s) { return s.running == 0; }));
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+  EXPECT_EQ(engine_->num_live_requests(), 0);
+
+  // The next step tells the workers to forget the cancelled sequence.
+  const int calls = executor_.num_calls();
+  uint64_t next_id = 0;
+  auto next = Submit({1, 50}, 1, &next_id);
+  ASSERT_TRUE(next->WaitDone());
+  const std::vector<worker::v1::StepRequest> steps = executor_.requests();
+  ASSERT_GT(steps.size(), static_cast<size_t>(calls));
+  EXPECT_THAT(steps[calls].dropped_seq_ids(), ElementsAre(id));
+  EXPECT_EQ(steps[calls].new_sequences(0).seq_id(), next_id);
+}
+
+TEST_F(EngineLoopTest, APreemptedRequestIsResentWithItsGeneratedTokens) {
+  // 6 blocks of 4: three 8-token prompts fill them, so the first decode preempts the
+  // newest request, which comes back later with its prompt and its first token.
+  MakeEngine(6);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  std::vector<uint64_t> ids(3);
+  for (int i = 0; i < 3; ++i) {
+    sinks.push_back(Submit({1, 40, 41, 42, 43, 44, 45, static_cast<int32_t>(50 + i)}, 4, &ids[i]));
+    const char first = static_cast<char>('a' + 4 * i);  // Each request its own letters.
+    executor_.ScriptTokens(ids[i], {ByteToken(first), ByteToken(first + 1), ByteToken(first + 2),
+                                    ByteToken(first + 3)});
+  }
+  engine_->Start();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(sinks[i]->WaitDone());
+    EXPECT_TRUE(sinks[i]->status_.ok()) << sinks[i]->status_;
+    std::string expected;
+    for (int k = 0; k < 4; ++k) expected += static_cast<char>('a' + 4 * i + k);
+    EXPECT_EQ(sinks[i]->text_, expected);
+  }
+  EXPECT_GT(engine_->stats().preemptions, 0u);
+
+  // The newest request is dropped, then sent again with its prompt and the token it had
+  // streamed.
+  const std::vector<worker::v1::StepRequest> steps = executor_.requests();
+  int dropped_at = -1, resent_at = -1;
+  for (int i = 0; i < static_cast<int>(steps.size()) && resent_at < 0; ++i) {
+    for (uint64_t dropped : steps[i].dropped_seq_ids()) {
+      if (dropped == ids[2] && dropped_at < 0) dropped_at = i;
+    }
+    for (const worker::v1::NewSequence& seq : steps[i].new_sequences()) {
+      if (seq.seq_id() != ids[2] || i == 0) continue;
+      resent_at = i;
+      EXPECT_EQ(seq.token_ids_size(), 9);
+      EXPECT_EQ(seq.token_ids(8), ByteToken('i'));
+      EXPECT_EQ(seq.num_output_tokens(), 1);
+    }
+  }
+  EXPECT_GT(dropped_at, 0);
+  EXPECT_GT(resent_at, dropped_at);
+}
+
+}  // namespace
+}  // namespace conveyor::scheduler
