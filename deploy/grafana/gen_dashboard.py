@@ -213,6 +213,22 @@ def build():
     g.panel("stat", "Model load time", "Time the last Init took, per rank.",
             [(f"max by (rank) (conveyor_worker_model_load_seconds{{{WORKER}}})", "rank {{rank}}")],
             "s", 8, 8)
+
+    g.row("Worker failures and recovery")
+    g.panel("timeseries", "Worker failures and recoveries",
+            "Failures seen (failed or timed-out steps, failed liveness checks) and times every "
+            "rank was re-initialised (docs/failure-handling.md).",
+            [(f"sum(increase(conveyor_worker_failures_total{{{SCHED}}}[{RATE}]))", "failures"),
+             (f"sum(increase(conveyor_worker_recoveries_total{{{SCHED}}}[{RATE}]))",
+              "recoveries")], "short", 8, 8)
+    g.panel("timeseries", "Recovery time", "From a worker failure until every rank serves again.",
+            percentiles("conveyor_worker_recovery_seconds", SCHED, (0.5, 0.99)), "s", 8, 8)
+    g.panel("timeseries", "Resumed requests and recomputed tokens/s",
+            "Running requests kept through a failure, and the tokens whose KV it lost "
+            "(computed again on resume).",
+            [(f"sum({rate('conveyor_resumed_requests_total')})", "resumed requests"),
+             (f"sum({rate('conveyor_recomputed_tokens_total')})", "recomputed tokens")],
+            "short", 8, 8)
     return g.panels
 
 

@@ -38,6 +38,21 @@ SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+\S+")
 LABEL_NAME_RE = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*\"(?:[^\"\\]|\\.)*\"")
 
 
+# The scheduler's own series about its workers (failures and recovery): scheduler labels,
+# whatever their prefix says.
+SCHEDULER_SIDE = {"conveyor_worker_failures_total", "conveyor_worker_recoveries_total",
+                  "conveyor_worker_recovery_seconds"}
+
+
+def is_worker_metric(name):
+    """Whether a series or family is a worker process's (labels model, rank)."""
+    base = name
+    for suffix in HISTOGRAM_SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in SCHEDULER_SIDE:
+            base = name[: -len(suffix)]
+    return name.startswith("conveyor_worker_") and base not in SCHEDULER_SIDE
+
+
 class Catalog:
     """Metric families: name -> (type, label names or None when unknown)."""
 
@@ -55,7 +70,7 @@ class Catalog:
         self.families[name] = (kind if kind != "untyped" else old_kind, old_labels)
 
     def covers_component(self, worker):
-        return any(n.startswith("conveyor_worker_") == worker for n in self.families)
+        return any(is_worker_metric(n) == worker for n in self.families)
 
     def resolve(self, series):
         """Returns (family, type, labels) for a series name, or None if not exported."""
@@ -83,7 +98,7 @@ def catalog_from_doc(path):
     for match in re.finditer(r"^\|\s*`(conveyor_[a-z0-9_]+)(\{[^}]*\})?`\s*\|\s*(\w+)\s*\|",
                              text, re.M):
         name, extra, kind = match.group(1), match.group(2), match.group(3)
-        labels = {"model", "rank"} if name.startswith("conveyor_worker_") else {"model", "policy"}
+        labels = {"model", "rank"} if is_worker_metric(name) else {"model", "policy"}
         if extra:
             labels |= {label.strip() for label in extra.strip("{}").split(",") if label.strip()}
             catalog.event_labelled.add(name)
@@ -187,9 +202,9 @@ def check_expressions(dashboard, primary, fallback, errors, notes):
         labels_known = True
         for series in sorted(set(METRIC_RE.findall(expr))):
             catalog = primary
-            if fallback and not primary.covers_component(series.startswith("conveyor_worker_")):
+            if fallback and not primary.covers_component(is_worker_metric(series)):
                 catalog = fallback
-                component = "worker" if series.startswith("conveyor_worker_") else "scheduler"
+                component = "worker" if is_worker_metric(series) else "scheduler"
                 notes.add(f"{component} metrics: no scrape covers this component; checked "
                           f"against {fallback.source}")
             found = catalog.resolve(series)
@@ -211,7 +226,7 @@ def check_expressions(dashboard, primary, fallback, errors, notes):
                 metric_labels |= labels
         for series, matchers in SELECTOR_RE.findall(expr):
             catalog = primary
-            if fallback and not primary.covers_component(series.startswith("conveyor_worker_")):
+            if fallback and not primary.covers_component(is_worker_metric(series)):
                 catalog = fallback
             found = catalog.resolve(series)
             if not found and fallback:

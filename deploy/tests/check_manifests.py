@@ -2,27 +2,43 @@
 """Checks the manifests rendered from the Conveyor chart against what the chart promises.
 
     check_manifests.py MANIFESTS.yaml --chart deploy/helm/conveyor [-f VALUES]... --namespace NS
+                       [--lookup CLUSTER_OBJECTS.yaml]
 
 The expectations come from the same values the manifests were rendered with (the chart's
 values.yaml coalesced with each -f file), so one checker serves every values file:
 objects and kinds, ports, gRPC probes, GPUs per worker, StatefulSet replicas = TP size,
 the scheduler's --workers list against the StatefulSet and headless Service names, the
 NetworkPolicies against the pods' labels, termination grace against the drain timeout,
-the ServiceMonitor against the Services. Prints every failed check; exit status 1 if any.
+the liveness probe against the worker recovery timeout, the ServiceMonitor against the
+Services, and the scheduler's identity: a Secret (the chart's, or existingSecret) read
+into the env and from there into --scheduler_id. With --lookup (the objects the render's
+`lookup` saw, as on `helm upgrade`), the chart's Secret must keep the id found there.
+Prints every failed check; exit status 1 if any.
 """
 
 import argparse
+import base64
+import binascii
 import sys
 
 import yaml
 
 SCHEDULER_FLAGS = ["host", "port", "metrics_port", "model", "workers", "policy", "max_num_seqs",
                    "max_step_tokens", "block_size", "kv_cache_bytes", "max_queue", "batch_size",
-                   "batch_timeout_ms", "batch_window_ms", "drain_timeout_s", "log_level"]
-WORKER_FLAGS = ["host", "port", "metrics_port", "backend", "threads", "log_level"]
+                   "batch_timeout_ms", "batch_window_ms", "drain_timeout_s", "step_timeout_s",
+                   "worker_recovery_timeout_s", "scheduler_id", "log_level"]
+WORKER_FLAGS = ["host", "port", "metrics_port", "backend", "threads", "binding_lease_s",
+                "rendezvous_timeout_s", "log_level"]
 INT_FLAGS = {"port", "metrics_port", "max_num_seqs", "max_step_tokens", "block_size",
              "kv_cache_bytes", "max_queue", "batch_size", "batch_timeout_ms", "batch_window_ms",
-             "drain_timeout_s", "threads"}
+             "drain_timeout_s", "step_timeout_s", "worker_recovery_timeout_s", "threads",
+             "binding_lease_s", "rendezvous_timeout_s"}
+# The scheduler's identity reaches --scheduler_id through this variable (Kubernetes
+# expands $(VAR) in args), so that the id itself never appears in the pod spec.
+ID_ENV = "CONVEYOR_SCHEDULER_ID"
+ID_LENGTH = 32  # randAlphaNum 32
+# An idle scheduler renews its binding with a Health check this often (scheduler/engine.h).
+IDLE_CHECK_S = 2
 RECOMMENDED_LABELS = ["app.kubernetes.io/name", "app.kubernetes.io/instance",
                       "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
                       "helm.sh/chart"]
@@ -119,6 +135,7 @@ def main():
     parser.add_argument("--chart", required=True)
     parser.add_argument("-f", dest="values", action="append", default=[])
     parser.add_argument("--namespace", required=True)
+    parser.add_argument("--lookup", help="cluster objects the render's lookup found")
     args = parser.parse_args()
 
     with open(f"{args.chart}/values.yaml", encoding="utf-8") as f:
@@ -206,6 +223,8 @@ def main():
                       ("block_size", "blockSize"), ("max_queue", "maxQueue"),
                       ("batch_size", "batchSize"), ("batch_timeout_ms", "batchTimeoutMs"),
                       ("batch_window_ms", "batchWindowMs"), ("drain_timeout_s", "drainTimeoutS"),
+                      ("step_timeout_s", "stepTimeoutS"),
+                      ("worker_recovery_timeout_s", "workerRecoveryTimeoutS"),
                       ("log_level", "logLevel")):
         check.expect(first.get(flag) == str(sched_v[key]),
                      f"scheduler --{flag}={first.get(flag)} != scheduler.{key}={sched_v[key]}")
@@ -220,6 +239,15 @@ def main():
     drain = int(first.get("drain_timeout_s", "0"))
     check.expect(isinstance(grace, int) and grace > drain,
                  f"scheduler terminationGracePeriodSeconds={grace} must exceed the drain timeout {drain}")
+    # The scheduler is NOT_SERVING while it recovers its workers: liveness must outlast that.
+    liveness = sc.get("livenessProbe") or {}
+    liveness_s = liveness.get("periodSeconds", 10) * liveness.get("failureThreshold", 3)
+    recovery = first.get("worker_recovery_timeout_s", "")
+    check.expect(recovery.isdigit() and liveness_s > int(recovery),
+                 f"scheduler liveness probe fails after {liveness_s} s, within "
+                 f"--worker_recovery_timeout_s={recovery}: it would restart the scheduler mid-recovery")
+
+    check_identity(objs, deploy, sc, first, sched_v["identity"], args, check)
 
     # --- Workers: the --workers list, StatefulSet and headless Service agree.
     sts_name, svc_name = sts["metadata"]["name"], headless["metadata"]["name"]
@@ -251,6 +279,14 @@ def main():
                  f"worker --backend={wfirst.get('backend')} in {'cpu' if cpu else 'gpu'} mode")
     threads = values["cpuOnly"]["threads"] if cpu else worker_v["threads"]
     check.expect(wfirst.get("threads") == str(threads), f"worker --threads={wfirst.get('threads')}")
+    for flag, key in (("binding_lease_s", "bindingLeaseS"),
+                      ("rendezvous_timeout_s", "rendezvousTimeoutS")):
+        check.expect(wfirst.get(flag) == str(worker_v[key]),
+                     f"worker --{flag}={wfirst.get(flag)} != worker.{key}={worker_v[key]}")
+    lease = wfirst.get("binding_lease_s", "")
+    check.expect(lease.isdigit() and int(lease) > IDLE_CHECK_S,
+                 f"worker --binding_lease_s={lease} must exceed the scheduler's idle checks "
+                 f"(every {IDLE_CHECK_S} s), or an idle scheduler loses its workers")
     check.expect(container_ports(wc) == {"grpc": w_grpc, "metrics": w_metrics},
                  f"worker container ports {container_ports(wc)}")
     check_probes(wc, w_grpc, "worker", check)
@@ -390,6 +426,59 @@ def main():
                      f"{who}: the API token should not be mounted")
 
     return report(check)
+
+
+def check_identity(objs, deploy, container, flags, identity, args, check):
+    """The scheduler's id: a Secret -> env (secretKeyRef) -> --scheduler_id=$(ENV)."""
+    key = identity["key"]
+    existing = identity["existingSecret"]
+    secret_name = existing or f"{deploy['metadata']['name']}-id"[:63].rstrip("-")
+    check.expect(flags.get("scheduler_id") == f"$({ID_ENV})",
+                 f"scheduler --scheduler_id={flags.get('scheduler_id')}, expected $({ID_ENV}) "
+                 "(the id from the Secret, through the env)")
+    env = container.get("env") or []
+    names = [e.get("name") for e in env]
+    check.expect(len(names) == len(set(names)), f"scheduler env names repeat: {names}")
+    id_env = [e for e in env if e.get("name") == ID_ENV]
+    ref = ((id_env[0].get("valueFrom") or {}).get("secretKeyRef") or {}) if id_env else {}
+    check.expect(len(id_env) == 1 and "value" not in id_env[0] and not ref.get("optional") and
+                 (ref.get("name"), ref.get("key")) == (secret_name, key),
+                 f"scheduler env {ID_ENV} must come from secretKeyRef {secret_name}/{key} "
+                 f"(not optional), got {id_env}")
+
+    secrets = [o for o in objs if o.get("kind") == "Secret"]
+    if existing:
+        check.expect(not secrets, "the chart must not create a Secret when "
+                     f"scheduler.identity.existingSecret is set ({existing}): {len(secrets)} rendered")
+        return
+    check.expect(len(secrets) == 1 and secrets[0]["metadata"]["name"] == secret_name,
+                 f"expected one Secret {secret_name} holding the scheduler's id, found "
+                 f"{[s['metadata']['name'] for s in secrets]}")
+    if len(secrets) != 1:
+        return
+    secret = secrets[0]
+    data = secret.get("data") or {}
+    check.expect(secret.get("type") == "Opaque" and set(data) == {key} and "stringData" not in secret,
+                 f"Secret {secret_name} must be Opaque with exactly data.{key}, got "
+                 f"type {secret.get('type')}, keys {sorted(data)}, stringData {'stringData' in secret}")
+    try:
+        scheduler_id = base64.b64decode(str(data.get(key, "")), validate=True).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError):
+        scheduler_id = None
+    check.expect(scheduler_id is not None and len(scheduler_id) == ID_LENGTH and scheduler_id.isalnum(),
+                 f"Secret {secret_name} data.{key} must be base64 of a {ID_LENGTH}-character "
+                 f"alphanumeric id, got {data.get(key)!r}")
+    if args.lookup:
+        with open(args.lookup, encoding="utf-8") as f:
+            cluster = [d for d in yaml.safe_load_all(f) if d]
+        before = [o for o in cluster if o.get("kind") == "Secret" and
+                  o["metadata"].get("name") == secret_name and
+                  o["metadata"].get("namespace") == args.namespace]
+        check.expect(len(before) == 1, f"--lookup file has no Secret {args.namespace}/{secret_name}")
+        if before:
+            check.expect(data.get(key) == before[0]["data"][key],
+                         f"Secret {secret_name} changed the scheduler's id on upgrade: "
+                         f"{data.get(key)!r}, the cluster has {before[0]['data'][key]!r}")
 
 
 def report(check):

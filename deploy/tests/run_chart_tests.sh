@@ -132,14 +132,33 @@ render_helm() {
   "$HELM_PY" "$TESTS/helm_sdk.py" render "$CHART" "${args[@]}" --name "$release" --namespace "$ns" \
     -o "$OUT/helm/$case.yaml"
 }
-# same_manifests A B: byte-identical, or at least the same objects once parsed.
+# same_manifests A B: byte-identical, or at least the same objects once parsed. Each render
+# makes a new random scheduler id (the identity Secret; check_manifests.py checks its form),
+# so Secret data that is base64 of 32 characters is masked in both first.
 same_manifests() {
-  cmp -s "$1" "$2" && return 0
-  diff -u "$1" "$2" | head -n 40
   "$PY" - "$1" "$2" <<'EOF'
-import sys, yaml
-docs = [sorted((yaml.safe_dump(d, sort_keys=True) for d in yaml.safe_load_all(open(p)) if d))
-        for p in sys.argv[1:]]
+import base64, binascii, difflib, sys, yaml
+texts, docs = [], []
+for path in sys.argv[1:]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    objs = [d for d in yaml.safe_load_all(text) if d]
+    for obj in objs:
+        data = obj.get("data") if obj.get("kind") == "Secret" else None
+        for key, value in (data or {}).items():
+            try:
+                random_id = len(base64.b64decode(str(value), validate=True)) == 32
+            except binascii.Error:
+                random_id = False
+            if random_id:
+                text = text.replace(f"  {key}: {value}\n", f"  {key}: <random id>\n")
+                data[key] = "<random id>"
+    texts.append(text)
+    docs.append(sorted(yaml.safe_dump(d, sort_keys=True) for d in objs))
+if texts[0] == texts[1]:
+    sys.exit(0)
+diff = difflib.unified_diff(texts[0].splitlines(True), texts[1].splitlines(True), *sys.argv[1:])
+sys.stdout.writelines(list(diff)[:40])
 sys.exit(0 if docs[0] == docs[1] else 1)
 EOF
 }
@@ -173,6 +192,38 @@ for spec in "${CASES[@]}"; do
   fi
 done
 
+# ---- The scheduler's identity: random per install, kept by helm upgrade ---------------------
+# scheduler_id FILE: the data of the identity Secret in a rendering.
+scheduler_id() {
+  "$PY" -c 'import sys, yaml
+print([d["data"] for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Secret"])' "$1"
+}
+# new_id_per_install RENDERER: two fresh renders (lookup finds nothing) hold different ids.
+new_id_per_install() {
+  local a b
+  if [ "$1" = go ]; then
+    "$RENDER" -chart "$CHART" -o "$WORK/id-a.yaml" && "$RENDER" -chart "$CHART" -o "$WORK/id-b.yaml"
+  else
+    "$HELM_PY" "$TESTS/helm_sdk.py" render "$CHART" -o "$WORK/id-a.yaml" &&
+      "$HELM_PY" "$TESTS/helm_sdk.py" render "$CHART" -o "$WORK/id-b.yaml"
+  fi || return 1
+  a=$(scheduler_id "$WORK/id-a.yaml") && b=$(scheduler_id "$WORK/id-b.yaml") || return 1
+  echo "$a"; echo "$b"
+  [ "$a" != "[]" ] && [ "$a" != "$b" ]
+}
+# An upgrade: lookup finds the Secret of the earlier install (tests/cluster/), whose id the
+# rendered Secret must keep (the stand-in's -lookup; Helm's engine offline has no cluster).
+id_kept_on_upgrade() {
+  "$RENDER" -chart "$CHART" -name conveyor -namespace llm \
+    -lookup "$TESTS/cluster/existing-scheduler-id.yaml" -o "$OUT/go/upgrade.yaml" &&
+    "$PY" "$TESTS/check_manifests.py" "$OUT/go/upgrade.yaml" --chart "$CHART" --namespace llm \
+      --lookup "$TESTS/cluster/existing-scheduler-id.yaml"
+}
+check "identity: each install generates its own scheduler id (Go stand-in)" new_id_per_install go
+[ -n "$HELM_PY" ] && check "identity: each install generates its own scheduler id (real Helm)" \
+  new_id_per_install helm
+check "identity: helm upgrade keeps the scheduler id lookup finds (Go stand-in)" id_kept_on_upgrade
+
 # Values the chart must refuse, each with the message it must give (first line: "# expect: ...").
 expect_render_failure() {
   local renderer=$1 file=$2 expected
@@ -196,7 +247,7 @@ done
 check "yamllint chart values, examples, Prometheus and kind configs" \
   yamllint -s -c "$TESTS/yamllint.yaml" "$CHART/Chart.yaml" "$CHART/values.yaml" \
   "$DEPLOY"/helm/values-*.yaml "$DEPLOY/prometheus/scrape-example.yaml" "$DEPLOY/kind/cluster.yaml" \
-  "$TESTS/yamllint.yaml" "$TESTS"/values/*.yaml "$TESTS"/values/bad/*.yaml
+  "$TESTS/yamllint.yaml" "$TESTS"/values/*.yaml "$TESTS"/values/bad/*.yaml "$TESTS"/cluster/*.yaml
 
 # ---- Prometheus scrape example -------------------------------------------------------------
 promtool_config() {
@@ -249,6 +300,37 @@ if command -v promtool >/dev/null && [ -s "$WORK/dashboard-rules.yaml" ]; then
 else
   skip "promtool PromQL parse" "promtool not installed (Debian package prometheus)"
 fi
+
+# ---- The chart's flags against the binaries -------------------------------------------------
+# An unknown flag stops a process, so the newest locally built scheduler and worker must
+# accept every argument the chart gives them (absl: --version exits 0 only if they parse).
+newest_binary() {
+  find "$REPO"/build* -maxdepth 3 -type f -name "$1" -perm -u+x -printf '%T@ %p\n' 2>/dev/null |
+    sort -rn | head -n 1 | cut -d' ' -f2-
+}
+# accepts_chart_flags BINARY KIND MANIFEST...: KIND is Deployment or StatefulSet.
+accepts_chart_flags() {
+  local binary=$1 kind=$2 manifest flags; shift 2
+  for manifest in "$@"; do
+    [ -s "$manifest" ] || continue
+    mapfile -t flags < <("$PY" -c 'import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d["kind"] == sys.argv[2]:
+        print("\n".join(d["spec"]["template"]["spec"]["containers"][0]["args"]))' "$manifest" "$kind")
+    echo "${binary#"$REPO"/} ${flags[*]} --version"
+    "$binary" "${flags[@]}" --version || return 1
+  done
+}
+for spec in "conveyor-scheduler|Deployment" "conveyor-worker|StatefulSet"; do
+  IFS='|' read -r name kind <<<"$spec"
+  binary=$(newest_binary "$name")
+  if [ -n "$binary" ]; then
+    check "$name (${binary#"$REPO"/}) accepts every flag the chart passes" \
+      accepts_chart_flags "$binary" "$kind" "$OUT"/go/{default,tp2,cpu,toggles}.yaml
+  else
+    skip "$name flags" "no built $name under build*/"
+  fi
+done
 
 # ---- Docker helper -------------------------------------------------------------------------
 if command -v shellcheck >/dev/null; then

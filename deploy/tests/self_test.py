@@ -7,6 +7,7 @@ catch, one mutation at a time, and fails if a checker still passes.
 """
 
 import argparse
+import base64
 import copy
 import json
 import os
@@ -113,7 +114,64 @@ def m_wrong_backend(objs):
     set_arg(c, "backend", "cpu" if backend.endswith("cuda") else "cuda")
 
 
-# name: (mutation, applies to: np/sm/gpu/cpu renderings or all, text the failure must contain)
+def id_env(objs):
+    return next(e for e in scheduler_container(objs)["env"] if e["name"] == "CONVEYOR_SCHEDULER_ID")
+
+
+def m_no_secret(objs):
+    objs.remove(first(objs, "Secret"))
+
+
+def m_id_in_spec(objs):
+    e = id_env(objs)
+    del e["valueFrom"]
+    e["value"] = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+
+
+def m_id_literal_arg(objs):
+    set_arg(scheduler_container(objs), "scheduler_id", "scheduler-0")
+
+
+def m_id_other_key(objs):
+    id_env(objs)["valueFrom"]["secretKeyRef"]["key"] = "token"
+
+
+def m_id_optional(objs):
+    id_env(objs)["valueFrom"]["secretKeyRef"]["optional"] = True
+
+
+def m_id_env_twice(objs):
+    scheduler_container(objs)["env"].append({"name": "CONVEYOR_SCHEDULER_ID", "value": "x"})
+
+
+def m_short_id(objs):
+    secret = first(objs, "Secret")
+    key = next(iter(secret["data"]))
+    secret["data"][key] = base64.b64encode(b"conveyor").decode()
+
+
+def m_secret_despite_existing(objs):
+    objs.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                 "metadata": dict(first(objs, "Deployment")["metadata"], name="extra-id"),
+                 "data": {"scheduler-id": base64.b64encode(b"A" * 32).decode()}})
+
+
+def m_no_binding_lease(objs):
+    c = worker_container(objs)
+    c["args"] = [a for a in c["args"] if not a.startswith("--binding_lease_s=")]
+
+
+def m_short_binding_lease(objs):
+    set_arg(worker_container(objs), "binding_lease_s", "2")
+
+
+def m_liveness_within_recovery(objs):
+    probe = scheduler_container(objs)["livenessProbe"]
+    probe["periodSeconds"], probe["failureThreshold"] = 10, 6
+
+
+# name: (mutation, applies to: np/sm/gpu/cpu/secret/existing renderings or all, text the
+# failure must contain); secret: the chart made the identity Secret, existing: it did not.
 MANIFEST_MUTATIONS = {
     "worker NetworkPolicy admits other pods": (m_np_from_other_pods, "np", "is open to"),
     "worker NetworkPolicy open to all": (m_np_open_to_all, "np", "any source"),
@@ -130,6 +188,18 @@ MANIFEST_MUTATIONS = {
     "scheduler flag missing": (m_missing_flag, None, "scheduler flags"),
     "flag rendered as a float": (m_float_flag, None, "not an integer"),
     "wrong worker backend": (m_wrong_backend, None, "--backend="),
+    "identity Secret missing": (m_no_secret, "secret", "holding the scheduler's id"),
+    "scheduler id written into the pod spec": (m_id_in_spec, None, "must come from secretKeyRef"),
+    "--scheduler_id not from the env": (m_id_literal_arg, None, "--scheduler_id="),
+    "id from another Secret key": (m_id_other_key, None, "must come from secretKeyRef"),
+    "identity Secret optional": (m_id_optional, None, "not optional"),
+    "id env set twice": (m_id_env_twice, None, "env names repeat"),
+    "id not 32 random characters": (m_short_id, "secret", "alphanumeric id"),
+    "Secret rendered despite existingSecret": (m_secret_despite_existing, "existing",
+                                               "must not create a Secret"),
+    "worker without --binding_lease_s": (m_no_binding_lease, None, "worker flags"),
+    "binding lease within the idle checks": (m_short_binding_lease, None, "must exceed the scheduler's idle"),
+    "liveness fails mid-recovery": (m_liveness_within_recovery, None, "restart the scheduler mid-recovery"),
 }
 
 
@@ -212,6 +282,8 @@ def run_manifests(args):
         for name, (mutate, needs, expected) in MANIFEST_MUTATIONS.items():
             if ((needs == "np" and "NetworkPolicy" not in kinds) or
                     (needs == "sm" and "ServiceMonitor" not in kinds) or
+                    (needs == "secret" and "Secret" not in kinds) or
+                    (needs == "existing" and "Secret" in kinds) or
                     (needs == "gpu" and cpu) or (needs == "cpu" and not cpu)):
                 continue
             objs = copy.deepcopy(good)

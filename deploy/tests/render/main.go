@@ -8,7 +8,8 @@
 //     IsUpgrade), .Chart (Chart.yaml fields with Helm's capitalised names), .Capabilities
 //     (KubeVersion, APIVersions.Has), .Template (Name, BasePath);
 //   - functions: sprig's text functions without env/expandenv, plus include, tpl, required,
-//     toYaml, fromYaml, toJson, fromJson, lookup (always empty, as in `helm template`);
+//     toYaml, fromYaml, toJson, fromJson, lookup (empty, as in `helm template`, unless
+//     -lookup names a file of objects standing in for the cluster, as in `helm upgrade`);
 //   - every file under templates/ is parsed into one set named "<chart>/templates/...";
 //     files starting with "_" are partials; NOTES.txt is rendered only with -notes;
 //     "missingkey=zero", and "<no value>" is dropped from the output.
@@ -17,7 +18,9 @@
 //
 //	GO111MODULE=off GOPATH=$PWD/gopath:/usr/share/gocode go build -o render main.go
 //
-// Usage: render -chart DIR [-f overlay.yaml]... [-name R] [-namespace NS] [-notes] [-o FILE]
+// Usage: render -chart DIR [-f overlay.yaml]... [-name R] [-namespace NS] [-notes]
+//
+//	[-lookup objects.yaml] [-o FILE]
 package main
 
 import (
@@ -26,6 +29,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -90,6 +94,7 @@ func main() {
 	namespace := flag.String("namespace", "default", "release namespace")
 	notes := flag.Bool("notes", false, "render NOTES.txt only, instead of the manifests")
 	out := flag.String("o", "-", "output file (- for stdout)")
+	lookupFile := flag.String("lookup", "", "YAML objects that lookup finds (default: none)")
 	var overlays stringList
 	flag.Var(&overlays, "f", "values file merged over the chart's values.yaml (repeatable)")
 	flag.Parse()
@@ -97,7 +102,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "render: -chart is required")
 		os.Exit(2)
 	}
-	text, err := render(*chartDir, overlays, *name, *namespace, *notes)
+	cluster, err := readObjects(*lookupFile)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "render: %v\n", err)
+		os.Exit(1)
+	}
+	text, err := render(*chartDir, overlays, *name, *namespace, *notes, cluster)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "render: %v\n", err)
 		os.Exit(1)
@@ -113,7 +123,8 @@ func main() {
 	}
 }
 
-func render(chartDir string, overlays []string, name, namespace string, notes bool) (string, error) {
+func render(chartDir string, overlays []string, name, namespace string, notes bool,
+	cluster []map[string]interface{}) (string, error) {
 	var meta chartMetadata
 	raw, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml"))
 	if err != nil {
@@ -150,7 +161,7 @@ func render(chartDir string, overlays []string, name, namespace string, notes bo
 	sort.Strings(names)
 
 	tpl.Option("missingkey=zero")
-	tpl.Funcs(funcMap(tpl))
+	tpl.Funcs(funcMap(tpl, cluster))
 	for _, n := range names {
 		if _, err := tpl.New(n).Parse(files[n]); err != nil {
 			return "", err
@@ -307,7 +318,38 @@ func toYAML(v interface{}) string {
 	return strings.TrimSuffix(string(data), "\n")
 }
 
-func funcMap(t *template.Template) template.FuncMap {
+// readObjects parses the Kubernetes objects (YAML documents) that lookup finds.
+func readObjects(file string) ([]map[string]interface{}, error) {
+	var objs []map[string]interface{}
+	if file == "" {
+		return objs, nil
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	for {
+		var doc interface{}
+		if err := dec.Decode(&doc); err == io.EOF {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		var obj map[string]interface{}
+		if j, err := json.Marshal(jsonable(doc)); err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		} else if err := json.Unmarshal(j, &obj); err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		if obj != nil {
+			objs = append(objs, obj)
+		}
+	}
+	return objs, nil
+}
+
+func funcMap(t *template.Template, cluster []map[string]interface{}) template.FuncMap {
 	f := sprig.TxtFuncMap()
 	delete(f, "env")
 	delete(f, "expandenv")
@@ -371,7 +413,24 @@ func funcMap(t *template.Template) template.FuncMap {
 		}
 		return m
 	}
-	f["lookup"] = func(string, string, string, string) (map[string]interface{}, error) {
+	// Like Helm's: one object by name, {"items": [...]} for an empty name, else empty.
+	f["lookup"] = func(apiVersion, kind, namespace, name string) (map[string]interface{}, error) {
+		var items []interface{}
+		for _, obj := range cluster {
+			meta, _ := obj["metadata"].(map[string]interface{})
+			if obj["apiVersion"] != apiVersion || obj["kind"] != kind ||
+				(namespace != "" && meta["namespace"] != namespace) {
+				continue
+			}
+			if name == "" {
+				items = append(items, obj)
+			} else if meta["name"] == name {
+				return obj, nil
+			}
+		}
+		if name == "" && items != nil {
+			return map[string]interface{}{"items": items}, nil
+		}
 		return map[string]interface{}{}, nil
 	}
 	return f

@@ -33,6 +33,27 @@ contains it. Truncated to 63 characters (DNS label limit).
 {{- end }}
 
 {{/*
+The Secret holding the scheduler's identity: scheduler.identity.existingSecret, or the
+chart's own <fullname>-scheduler-id.
+*/}}
+{{- define "conveyor.scheduler.identitySecret" -}}
+{{- if .Values.scheduler.identity.existingSecret }}
+{{- .Values.scheduler.identity.existingSecret }}
+{{- else }}
+{{- printf "%s-id" (include "conveyor.scheduler.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The key of the identity in that Secret (a valid Secret data key). */}}
+{{- define "conveyor.scheduler.identityKey" -}}
+{{- $key := .Values.scheduler.identity.key }}
+{{- if not (regexMatch "^[-._a-zA-Z0-9]+$" (toString $key)) }}
+{{- fail (printf "scheduler.identity.key must be a Secret key (letters, digits, '-', '_', '.'), not %q" (toString $key)) }}
+{{- end }}
+{{- $key }}
+{{- end }}
+
+{{/*
 Worker StatefulSet and headless Service name (they must match for stable pod DNS names).
 52 characters leave room for the pod ordinal and the controller-revision-hash label.
 */}}
