@@ -305,8 +305,8 @@ absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name) {
     c.max_context_tokens = 2048;
     c.torch_dtype = "float32";
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("no model shape \"", std::string(name),
-                                                   "\"; use llama3-8b, small or tiny"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no model shape \"", std::string(name), "\"; use llama3-8b, small or tiny"));
   }
   return c;
 }

@@ -52,8 +52,7 @@ struct ModelConfig {
 };
 
 // Parses config.json text. `source` names the file in error messages.
-absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
-                                             std::string_view source);
+absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view source);
 
 // Reads and parses `<model_dir>/config.json`.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);

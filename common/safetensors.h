@@ -54,7 +54,7 @@ class SafetensorsFile {
   struct Entry {
     std::string dtype;  // As written in the header.
     std::vector<int64_t> shape;
-    size_t begin = 0;   // Offsets relative to the start of the data section.
+    size_t begin = 0;  // Offsets relative to the start of the data section.
     size_t end = 0;
   };
   SafetensorsFile(std::string path, void* mapping, size_t mapping_bytes);
