@@ -1,8 +1,10 @@
 // Real conveyor-scheduler and conveyor-worker processes on loopback, driven through the
 // client API: concurrency, the three policies against requests run alone, preemption,
 // prefix caching, cancellation, every error status, and a worker that dies mid-stream.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <future>
 #include <thread>
 
 #include "conveyor.grpc.pb.h"
@@ -253,6 +255,63 @@ TEST(ServerTest, AddBosWithTokenIdsAndLogprobTextAsStreamed) {
   }
   ASSERT_TRUE(reader->Finish().ok());
   EXPECT_GT(compared, 0);
+}
+
+}  // namespace
+}  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+// Sends `bytes` as the request of `method` and returns the call's status.
+grpc::Status CallRaw(Server& server, const std::string& method, const std::string& bytes) {
+  grpc::GenericStub stub(server.channel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(bytes);
+  const grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status status) { done.set_value(std::move(status)); });
+  return done.get_future().get();
+}
+
+// A message that does not parse, or whose string field is not UTF-8, is INVALID_ARGUMENT
+// with a message that says so, and counted as rejected (gRPC alone answers a bare
+// UNIMPLEMENTED); a prompt or request_id too large to serve is refused up front.
+TEST(ServerTest, MalformedAndNonUtf8MessagesAreInvalidArgumentAndCounted) {
+  Server server({});
+  ASSERT_TRUE(server.WaitReady());
+  const double rejected_before = server.MetricSum("conveyor_requests_rejected_total");
+  const std::string bad_utf8_text = std::string("\x0a\x02\xc3\x28", 4);  // text = C3 28.
+  const std::string garbage = "\xff\xff\xff\xff";
+  int sent = 0;
+  for (const char* method : {"/conveyor.v1.Conveyor/Generate", "/conveyor.v1.Conveyor/Tokenize"}) {
+    for (const std::string& bytes : {bad_utf8_text, garbage}) {
+      const grpc::Status status = CallRaw(server, method, bytes);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+      EXPECT_THAT(status.error_message(), HasSubstr("not valid UTF-8")) << method;
+      ++sent;
+    }
+  }
+  const grpc::Status info = CallRaw(server, "/conveyor.v1.Conveyor/GetModelInfo", garbage);
+  EXPECT_EQ(info.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ++sent;
+  EXPECT_EQ(server.MetricSum("conveyor_requests_rejected_total") - rejected_before, sent);
+  // Inputs whose size alone says no: refused before any work in proportion to them.
+  v1::GenerateRequest huge_prompt;
+  huge_prompt.set_text(std::string(3'500'000, 'a'));
+  const Stream prompt = server.Generate(huge_prompt);
+  EXPECT_EQ(prompt.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(prompt.status.error_message(), HasSubstr("more than a context"));
+  v1::GenerateRequest huge_id = Greedy({1, 2, 3}, 4);
+  huge_id.set_request_id(std::string(1 << 20, 'x'));
+  const Stream id = server.Generate(huge_id);
+  EXPECT_EQ(id.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(id.status.error_message(), HasSubstr("request_id"));
+  // And the server still serves.
+  EXPECT_EQ(server.Generate(Greedy({1, 2, 3}, 4)).tokens.size(), 4u);
 }
 
 }  // namespace
