@@ -86,6 +86,7 @@ TEST(ServerTest, CancellingHalfTheStreamsLeavesEveryBlockFree) {
   ASSERT_TRUE(server.WaitReady());
   std::vector<Stream> streams(16);
   std::vector<std::thread> threads;
+  threads.reserve(streams.size());
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
       auto cancel = [i](const Stream& s) { return i % 2 == 0 && s.tokens.size() >= 5; };
@@ -158,6 +159,7 @@ TEST(ServerTest, AWorkerThatDiesEndsItsStreamsWithAStatus) {
   ASSERT_TRUE(server.WaitReady());
   std::vector<Stream> streams(4);
   std::vector<std::thread> threads;
+  threads.reserve(streams.size());
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
       streams[i] = server.Generate(Greedy({1, 9, static_cast<int32_t>(30 + i)}, 1900), 60s,
