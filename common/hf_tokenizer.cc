@@ -14,6 +14,7 @@
 #include "common/hf_tokenizer_bpe.h"
 #include "common/hf_tokenizer_components.h"
 #include "common/hf_tokenizer_text.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace conveyor {
@@ -400,7 +401,7 @@ absl::StatusOr<std::vector<int>> HfTokenizer::EncodeWithSpecialTokens(std::strin
 
 absl::StatusOr<std::vector<int>> HfTokenizer::EncodeImpl(std::string_view text,
                                                          bool add_special_tokens) const {
-  if (const size_t bad = hf::FindInvalidUtf8(text); bad != std::string_view::npos) {
+  if (const size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("the text is not valid UTF-8 (at byte ", bad, ")"));
   }

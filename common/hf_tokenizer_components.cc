@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hf_tokenizer_text.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace conveyor::hf {
@@ -238,7 +239,7 @@ struct ByteAlphabet {
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
       const char32_t c = printable ? b : next++;
-      AppendChar(c, &chars[b]);
+      AppendUtf8(c, &chars[b]);
       byte_of[c] = static_cast<int16_t>(b);
     }
   }

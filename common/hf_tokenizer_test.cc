@@ -20,6 +20,7 @@
 #include "common/hf_tokenizer_test_util.h"
 #include "common/hf_tokenizer_text.h"
 #include "common/test_temp_dir.h"
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -164,7 +165,7 @@ TEST(HfTokenizerReferenceTest, UnicodeTablesMatchTokenizers) {
   std::vector<size_t> offsets;  // Byte offset of each code point in `all`.
   for (const char32_t c : code_points) {
     offsets.push_back(all.size());
-    hf::AppendChar(c, &all);
+    AppendUtf8(c, &all);
   }
   for (const json& c : sweeps["classes"]) {
     const std::string pattern = c["pattern"].get<std::string>();
@@ -207,7 +208,7 @@ TEST(HfTokenizerReferenceTest, UnicodeTablesMatchTokenizers) {
     Tally tally(absl::StrCat("normalizer ", type));
     for (const char32_t cp : code_points) {
       std::string text;
-      hf::AppendChar(cp, &text);
+      AppendUtf8(cp, &text);
       std::string expected = want[cp].empty() ? text : want[cp];
       ASSERT_TRUE((*normalizer)->Normalize(&text).ok());
       tally.Check(text, expected, absl::StrCat("U+", absl::Hex(cp)));

@@ -10,76 +10,15 @@
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 
 namespace conveyor::hf {
 
-void AppendChar(char32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
-
 namespace {
-
-// How many bytes from `text[i]` on form a well-formed character (> 0), or, negated, how
-// many form the longest prefix of one before it goes wrong (the "maximal subpart" that
-// becomes one U+FFFD; at least 1).
-int ScanChar(std::string_view text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char c = byte(i);
-  if (c < 0x80) return 1;
-  int n;
-  unsigned char lo = 0x80, hi = 0xBF;  // Range of the second byte.
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return -1;
-  }
-  for (int k = 1; k < n; ++k) {
-    if (i + k >= text.size()) return -k;
-    const unsigned char next = byte(i + k);
-    const bool ok = k == 1 ? (next >= lo && next <= hi) : (next & 0xC0) == 0x80;
-    if (!ok) return -k;
-  }
-  return n;
-}
 
 constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
 
 }  // namespace
-
-size_t FindInvalidUtf8(std::string_view text) {
-  for (size_t i = 0; i < text.size();) {
-    if (static_cast<unsigned char>(text[i]) < 0x80) {
-      ++i;
-      continue;
-    }
-    const int n = ScanChar(text, i);
-    if (n < 0) return i;
-    i += n;
-  }
-  return std::string_view::npos;
-}
 
 void AppendLossyUtf8(std::string_view bytes, std::string* out) {
   size_t run_start = 0;  // Start of the valid bytes not yet copied.
@@ -88,7 +27,7 @@ void AppendLossyUtf8(std::string_view bytes, std::string* out) {
       ++i;
       continue;
     }
-    const int n = ScanChar(bytes, i);
+    const int n = Utf8CharLength(bytes, i);
     if (n > 0) {
       i += n;
       continue;
@@ -141,13 +80,13 @@ void AppendLowercase(std::string_view text, std::string* out) {
     UErrorCode status = U_ZERO_ERROR;
     const int32_t length = u_strToLower(lower, 8, in, in_length, "", &status);
     if (U_FAILURE(status)) {
-      AppendChar(c, out);
+      AppendUtf8(c, out);
       continue;
     }
     for (int32_t k = 0; k < length;) {
       UChar32 l;
       U16_NEXT_UNSAFE(lower, k, l);
-      AppendChar(static_cast<char32_t>(l), out);
+      AppendUtf8(static_cast<char32_t>(l), out);
     }
   }
 }

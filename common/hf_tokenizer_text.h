@@ -59,11 +59,6 @@ inline size_t CharSize(unsigned char lead) {
   return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
 }
 
-void AppendChar(char32_t c, std::string* out);
-
-// Offset of the first byte that is not part of well-formed UTF-8, or npos.
-size_t FindInvalidUtf8(std::string_view text);
-
 // Rust's String::from_utf8_lossy: each maximal ill-formed subsequence becomes one U+FFFD.
 // (Not common/utf8.h's ValidUtf8, which replaces byte by byte.)
 void AppendLossyUtf8(std::string_view bytes, std::string* out);

@@ -31,7 +31,7 @@ class TestTempDir {
 
   // Writes `contents` to `<path()>/<name>` and returns the file's path.
   std::string WriteFile(const std::string& name, std::string_view contents) const {
-    const std::string file = path_ + "/" + name;
+    std::string file = path_ + "/" + name;
     std::ofstream out(file, std::ios::binary | std::ios::trunc);
     out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
     if (!out) ADD_FAILURE() << "cannot write " << file;

@@ -5,14 +5,14 @@ namespace {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
 
-// Length of the well-formed sequence starting at text[i], or 0 (RFC 3629 ranges: no
-// overlong forms, no surrogates, nothing above U+10FFFF).
-size_t SequenceLength(std::string_view text, size_t i) {
+}  // namespace
+
+int Utf8CharLength(std::string_view text, size_t i) {
   const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
   const unsigned char c = byte(i);
-  size_t n;
-  unsigned char lo = 0x80, hi = 0xBF;  // Range of the second byte.
   if (c < 0x80) return 1;
+  int n;
+  unsigned char lo = 0x80, hi = 0xBF;  // Range of the second byte.
   if (c >= 0xC2 && c <= 0xDF) {
     n = 2;
   } else if (c >= 0xE0 && c <= 0xEF) {
@@ -24,25 +24,37 @@ size_t SequenceLength(std::string_view text, size_t i) {
     if (c == 0xF0) lo = 0x90;
     if (c == 0xF4) hi = 0x8F;
   } else {
-    return 0;
+    return -1;
   }
-  if (i + n > text.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (size_t k = 2; k < n; ++k) {
-    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  for (int k = 1; k < n; ++k) {
+    if (i + k >= text.size()) return -k;
+    const unsigned char next = byte(i + k);
+    const bool ok = k == 1 ? (next >= lo && next <= hi) : (next & 0xC0) == 0x80;
+    if (!ok) return -k;
   }
   return n;
 }
 
-}  // namespace
+size_t FindInvalidUtf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    if (static_cast<unsigned char>(text[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const int n = Utf8CharLength(text, i);
+    if (n < 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
 
 std::string ValidUtf8(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   size_t i = 0;
   while (i < text.size()) {
-    const size_t n = SequenceLength(text, i);
-    if (n == 0) {
+    const int n = Utf8CharLength(text, i);
+    if (n < 0) {
       out.append(kReplacement);
       ++i;
     } else {
@@ -51,6 +63,24 @@ std::string ValidUtf8(std::string_view text) {
     }
   }
   return out;
+}
+
+void AppendUtf8(char32_t c, std::string* out) {
+  if (c < 0x80) {
+    out->push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
 }
 
 }  // namespace conveyor

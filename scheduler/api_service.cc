@@ -259,11 +259,7 @@ grpc::ServerUnaryReactor* ApiService::Tokenize(grpc::CallbackServerContext* cont
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "no model worker is ready yet"));
     return reactor;
   }
-  if (request->text().size() >
-      static_cast<size_t>(limits_.max_context_tokens) * kMaxPromptBytesPerToken) {
-    const absl::Status status = absl::InvalidArgumentError(
-        absl::StrCat("text is ", request->text().size(), " bytes: more than a context of ",
-                     limits_.max_context_tokens, " tokens can hold"));
+  if (absl::Status status = CheckPromptBytes(request->text().size(), limits_); !status.ok()) {
     CountRejected(status.code());
     reactor->Finish(ToGrpcStatus(status));
     return reactor;

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/request_builder.h"
+#include "tests/support/recording_sink.h"
 #include "tests/support/scripted_executor.h"
 #include "tests/support/test_tokenizer.h"
 
@@ -24,50 +25,13 @@ namespace {
 
 using namespace std::chrono_literals;
 using ::conveyor::testing::ByteToken;
+using ::conveyor::testing::RecordingSink;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 constexpr int kBlockSize = 4;
-
-// Records one request's stream.
-class RecordingSink final : public ResponseSink {
- public:
-  void Send(v1::GenerateResponse message) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(finished_) << "Send after Finish";
-    for (int id : message.token_ids()) tokens_.push_back(id);
-    text_ += message.text();
-    if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last_ = message;
-    ++messages_;
-    cv_.notify_all();
-  }
-  void Finish(const absl::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(finished_) << "Finish called twice";
-    status_ = status;
-    finished_ = true;
-    cv_.notify_all();
-  }
-  bool WaitDone() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 30s, [&] { return finished_; });
-  }
-  bool WaitMessages(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, 30s, [&] { return messages_ >= n; });
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int> tokens_;
-  std::string text_;
-  v1::GenerateResponse last_;
-  absl::Status status_;
-  bool finished_ = false;
-  int messages_ = 0;
-};
 
 class EngineLoopTest : public ::testing::Test {
  protected:

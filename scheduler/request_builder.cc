@@ -37,6 +37,14 @@ absl::Status FillSampling(const v1::GenerateRequest& p, const ServingLimits& lim
 
 }  // namespace
 
+absl::Status CheckPromptBytes(size_t bytes, const ServingLimits& limits) {
+  if (bytes <= static_cast<size_t>(limits.max_context_tokens) * kMaxPromptBytesPerToken) {
+    return absl::OkStatus();
+  }
+  return Invalid(absl::StrCat("text is ", bytes, " bytes: more than a context of ",
+                              limits.max_context_tokens, " tokens can hold; shorten the prompt"));
+}
+
 absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest& p,
                                                       const ServingLimits& limits,
                                                       const Tokenizer& tokenizer) {
@@ -45,10 +53,8 @@ absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest&
     return Invalid(absl::StrCat("request_id is ", p.request_id().size(), " bytes; at most ",
                                 kMaxRequestIdBytes, " are echoed back"));
   }
-  if (p.prompt_case() == v1::GenerateRequest::kText &&
-      p.text().size() > static_cast<size_t>(limits.max_context_tokens) * kMaxPromptBytesPerToken) {
-    return Invalid(absl::StrCat("text is ", p.text().size(), " bytes: more than a context of ",
-                                limits.max_context_tokens, " tokens can hold; shorten the prompt"));
+  if (p.prompt_case() == v1::GenerateRequest::kText) {
+    RETURN_IF_ERROR(CheckPromptBytes(p.text().size(), limits));
   }
   auto r = std::make_unique<Request>();
   switch (p.prompt_case()) {

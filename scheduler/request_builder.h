@@ -33,6 +33,10 @@ inline constexpr size_t kMaxRequestIdBytes = 256;
 // real text is a few bytes), so that only prompts that cannot fit are refused this way.
 inline constexpr size_t kMaxPromptBytesPerToken = 32;
 
+// OK, or INVALID_ARGUMENT if a text of `bytes` bytes cannot fit the context of `limits`
+// whatever the tokenizer (kMaxPromptBytesPerToken): checked before tokenizing.
+absl::Status CheckPromptBytes(size_t bytes, const ServingLimits& limits);
+
 // Validates `proto` and builds the request (tokens, sampling, stopping). Does not set
 // id, arrival, deadline or sink.
 absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest& proto,

@@ -85,31 +85,29 @@ absl::Status StepEngine::ValidateWrites(const v1::StepRequest& request,
     return block_refs_[block] + (it == delta.end() ? 0 : it->second);
   };
   const int block_size = cache_->block_size();
-  std::unordered_set<int32_t> table;
   for (const Scheduled& s : scheduled) {
-    // The sequence's whole table after the step, and the positions it computes.
-    std::vector<int32_t> blocks;
+    // The blocks of the sequence's table after the step: those it holds, then those the
+    // step adds. Only the ones the step writes are checked (no copy of the table).
+    const std::vector<int32_t>* held = nullptr;
+    const google::protobuf::RepeatedField<int32_t>* added = nullptr;
     int computed = 0;
     if (s.new_seq != nullptr) {
-      blocks.assign(s.new_seq->block_ids().begin(), s.new_seq->block_ids().end());
+      added = &s.new_seq->block_ids();
       computed = s.new_seq->num_cached_tokens();
     } else {
       const Sequence& seq = sequences_.at(s.seq_id);
-      blocks = seq.block_table;
-      blocks.insert(blocks.end(), s.running->new_block_ids().begin(),
-                    s.running->new_block_ids().end());
+      held = &seq.block_table;
+      added = &s.running->new_block_ids();
       computed = seq.num_computed;
     }
-    table.clear();
-    for (int32_t block : blocks) {
-      if (!table.insert(block).second) {
-        return Invalid(s.seq_id, absl::StrCat("block ", block, " appears twice in its table"));
-      }
-    }
+    const size_t num_held = held == nullptr ? 0 : held->size();
     for (int b = computed / block_size; b <= (computed + s.num_tokens - 1) / block_size; ++b) {
-      if (refs_after(blocks[b]) != 1) {
-        return Invalid(s.seq_id, absl::StrCat("would write K/V into block ", blocks[b],
-                                              ", which another sequence holds"));
+      const int32_t block = static_cast<size_t>(b) < num_held ? (*held)[b] : (*added)[b - num_held];
+      // More than one reference: another sequence holds it, or this one twice.
+      if (refs_after(block) != 1) {
+        return Invalid(s.seq_id,
+                       absl::StrCat("would write K/V into block ", block,
+                                    ", which another sequence (or this one twice) holds"));
       }
     }
   }

@@ -4,9 +4,9 @@
 //
 // A step that fails validation returns INVALID_ARGUMENT naming the offending field and
 // changes nothing, so the worker keeps serving. Validation trusts nothing the step says
-// about memory: every block id is within the cache, a sequence's blocks are distinct,
-// and a step writes K/V only into blocks no other live sequence references (blocks a
-// new sequence shares as a cached prefix are read, never written).
+// about memory: every block id is within the cache, and a step writes K/V only into
+// blocks referenced once, by the writing sequence alone (blocks a new sequence shares as
+// a cached prefix are read, never written).
 #pragma once
 
 #include <cstdint>

@@ -161,24 +161,6 @@ std::u32string Decode(std::string_view s) {
   return out;
 }
 
-void AppendUtf8(char32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
-
 std::string Encode(std::u32string_view s) {
   std::string out;
   out.reserve(s.size());
@@ -190,38 +172,7 @@ std::string EncodeRange(std::u32string_view s, size_t pos, size_t count) {
   return Encode(s.substr(pos, count));
 }
 
-bool IsValidUtf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char b = static_cast<unsigned char>(s[i]);
-    int n;
-    char32_t min;
-    if (b < 0x80) {
-      ++i;
-      continue;
-    } else if (b >= 0xC2 && b < 0xE0) {
-      n = 2;
-      min = 0x80;
-    } else if (b >= 0xE0 && b < 0xF0) {
-      n = 3;
-      min = 0x800;
-    } else if (b >= 0xF0 && b < 0xF5) {
-      n = 4;
-      min = 0x10000;
-    } else {
-      return false;
-    }
-    if (i + n > s.size()) return false;
-    char32_t c = b & (0xFF >> (n + 1));
-    for (int k = 1; k < n; ++k) {
-      const unsigned char cont = static_cast<unsigned char>(s[i + k]);
-      if ((cont & 0xC0) != 0x80) return false;
-      c = (c << 6) | (cont & 0x3F);
-    }
-    if (c < min || c > 0x10FFFF) return false;
-    i += n;
-  }
-  return true;
-}
+bool IsValidUtf8(std::string_view s) { return FindInvalidUtf8(s) == std::string_view::npos; }
 
 int64_t CodePointCount(std::string_view s) {
   int64_t n = 0;

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/utf8.h"
+
 namespace conveyor::jinja::text {
 
 // Decodes `s`, which must be valid UTF-8 (IsValidUtf8).
@@ -24,7 +26,7 @@ std::u32string Decode(std::string_view s);
 std::string Encode(std::u32string_view s);
 std::string EncodeRange(std::u32string_view s, size_t pos,
                         size_t count = std::u32string_view::npos);
-void AppendUtf8(char32_t c, std::string* out);
+using ::conveyor::AppendUtf8;
 bool IsValidUtf8(std::string_view s);
 // Number of code points in valid UTF-8 `s`.
 int64_t CodePointCount(std::string_view s);

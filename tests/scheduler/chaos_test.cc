@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health.grpc.pb.h"
+#include "tests/support/server_process.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 #include "worker.grpc.pb.h"
@@ -46,32 +47,13 @@ Subprocess StartWorker(int port, std::vector<std::string> flags = {}) {
   return std::move(*worker);
 }
 
+// A scheduler (tests/support/server_process.h, started without a worker of its own) over
+// workers on fixed ports, with gRPC health and a client stub.
 class Scheduler {
  public:
-  Scheduler(const std::vector<int>& worker_ports, std::vector<std::string> flags) {
-    std::string workers;
-    for (int port : worker_ports) {
-      workers += (workers.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(port);
-    }
-    metrics_port_ = FreePort();
-    std::vector<std::string> argv = {SchedulerBinary(),
-                                     "--port=0",
-                                     "--metrics_port=" + std::to_string(metrics_port_),
-                                     "--model=" + TestModelDir("llama3_gqa"),
-                                     "--workers=" + workers,
-                                     "--block_size=4"};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    std::optional<Subprocess> process = Subprocess::Start(argv);
-    EXPECT_TRUE(process.has_value());
-    process_.emplace(std::move(*process));
-    const auto line = process_->WaitForLine("listening on", 30s);
-    EXPECT_TRUE(line.has_value());
-    process_->DrainStdout();
-    channel_ =
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(PortFromListeningLine(line.value_or(""))),
-                            grpc::InsecureChannelCredentials());
-    stub_ = v1::Conveyor::NewStub(channel_);
-  }
+  Scheduler(const std::vector<int>& worker_ports, std::vector<std::string> flags)
+      : server_(WithWorkers(worker_ports, std::move(flags)), /*start_worker=*/false),
+        stub_(v1::Conveyor::NewStub(server_.channel())) {}
 
   bool WaitServing(std::chrono::milliseconds timeout = 60s) {
     const auto until = Clock::now() + timeout;
@@ -83,7 +65,7 @@ class Scheduler {
   }
 
   HealthStatus::ServingStatus Health() {
-    auto stub = grpc::health::v1::Health::NewStub(channel_);
+    auto stub = grpc::health::v1::Health::NewStub(server_.channel());
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + 5s);
     HealthStatus response;
@@ -93,22 +75,24 @@ class Scheduler {
     return response.status();
   }
 
-  double Metric(const std::string& name) {
-    const auto page = HttpGet(metrics_port_, "/metrics");
-    if (!page) return -1;
-    const size_t at = page->find("\n" + name + "{");
-    if (at == std::string::npos) return -1;
-    const size_t value = page->find("} ", at) + 2;
-    return std::stod(page->substr(value, page->find('\n', value) - value));
-  }
-
+  double Metric(const std::string& name) { return server_.Metric(name); }
   v1::Conveyor::Stub* stub() { return stub_.get(); }
 
  private:
-  std::optional<Subprocess> process_;
-  std::shared_ptr<grpc::Channel> channel_;
+  // `flags` with --workers naming `ports` (it overrides the Server's own, a later flag
+  // winning).
+  static std::vector<std::string> WithWorkers(const std::vector<int>& ports,
+                                              std::vector<std::string> flags) {
+    std::string workers;
+    for (int port : ports) {
+      workers += (workers.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(port);
+    }
+    flags.push_back("--workers=" + workers);
+    return flags;
+  }
+
+  Server server_;
   std::unique_ptr<v1::Conveyor::Stub> stub_;
-  int metrics_port_ = 0;
 };
 
 // Streams of one run: tokens as they arrive (with when), the final status.

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "scheduler/request_builder.h"
+#include "tests/support/recording_sink.h"
 #include "tests/support/test_support.h"
 
 namespace conveyor::scheduler {
@@ -19,6 +20,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using ::conveyor::testing::LocalWorker;
+using ::conveyor::testing::RecordingSink;
 using ::conveyor::testing::TestModelDir;
 
 constexpr int kBlockSize = 4;
@@ -38,65 +40,6 @@ class LocalExecutor final : public StepExecutor {
 
  private:
   worker::StepEngine* engine_;
-};
-
-// Whether `s` is well-formed UTF-8 (what a proto3 string must hold).
-bool IsValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = s[i];
-    const int extra = c < 0x80           ? 0
-                      : (c >> 5) == 0x6  ? 1
-                      : (c >> 4) == 0xE  ? 2
-                      : (c >> 3) == 0x1E ? 3
-                                         : -1;
-    if (extra < 0 || i + extra >= s.size() + (extra == 0 ? 1 : 0)) return false;
-    for (int k = 1; k <= extra; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
-    }
-    i += extra + 1;
-  }
-  return true;
-}
-
-// Records one request's stream.
-class RecordingSink final : public ResponseSink {
- public:
-  void Send(v1::GenerateResponse message) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_TRUE(IsValidUtf8(message.text())) << "invalid UTF-8 in a streamed message";
-    for (const auto& lp : message.logprobs()) {
-      EXPECT_TRUE(IsValidUtf8(lp.token().text())) << "invalid UTF-8 in a logprob's text";
-    }
-    for (int id : message.token_ids()) tokens_.push_back(id);
-    text_ += message.text();
-    if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last_ = message;
-    ++messages_;
-  }
-  void Finish(const absl::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    EXPECT_FALSE(finished_) << "Finish called twice";
-    status_ = status;
-    finished_ = true;
-    cv_.notify_all();
-  }
-  bool WaitDone(std::chrono::seconds timeout = 60s) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return finished_; });
-  }
-  int messages() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return messages_;
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int> tokens_;
-  std::string text_;
-  v1::GenerateResponse last_;
-  absl::Status status_;
-  bool finished_ = false;
-  int messages_ = 0;
 };
 
 class EngineTest : public ::testing::Test {
@@ -133,8 +76,9 @@ class EngineTest : public ::testing::Test {
   }
 
   // Builds and submits a greedy request over token ids; returns its sink.
-  std::shared_ptr<RecordingSink> Submit(std::vector<int32_t> prompt, int max_new,
-                                        std::function<void(v1::GenerateRequest&)> edit = {}) {
+  std::shared_ptr<RecordingSink> Submit(
+      std::vector<int32_t> prompt, int max_new,
+      const std::function<void(v1::GenerateRequest&)>& edit = {}) {
     v1::GenerateRequest proto;
     proto.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
     proto.set_max_new_tokens(max_new);
@@ -200,6 +144,7 @@ TEST_F(EngineTest, EveryPolicyGivesTheSameGreedyTokensAsAlone) {
     Start(c.policy, c.num_blocks);
     engine_->Start();
     std::vector<std::shared_ptr<RecordingSink>> sinks;
+    sinks.reserve(requests.size());
     for (const auto& [prompt, max_new] : requests) sinks.push_back(Submit(prompt, max_new));
     for (size_t i = 0; i < sinks.size(); ++i) {
       ASSERT_TRUE(sinks[i]->WaitDone());
@@ -384,6 +329,7 @@ TEST_F(EngineTest, StoppingEndsEveryLiveRequest) {
   Start("static", 256);
   engine_->Start();
   std::vector<std::shared_ptr<RecordingSink>> sinks;
+  sinks.reserve(3);
   for (int i = 0; i < 3; ++i) sinks.push_back(Submit({1, 2, 3}, 1000));  // Batch not full.
   engine_->Stop(absl::UnavailableError("shutting down"));
   for (auto& sink : sinks) {

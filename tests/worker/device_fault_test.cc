@@ -6,8 +6,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 
 #include "common/step_protocol.h"
 #include "common/tokenizer.h"
@@ -16,6 +14,7 @@
 #include "scheduler/engine.h"
 #include "scheduler/request_builder.h"
 #include "scheduler/worker_group.h"
+#include "tests/support/recording_sink.h"
 #include "tests/support/test_support.h"
 #include "worker/cpu_device.h"
 #include "worker/service.h"
@@ -133,36 +132,6 @@ class FaultyDevice final : public model::Device {
   std::atomic<int> backends_made_{0};
 };
 
-class Sink final : public scheduler::ResponseSink {
- public:
-  void Send(v1::GenerateResponse message) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens_ += message.token_ids_size();
-  }
-  void Finish(const absl::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-    done_ = true;
-    cv_.notify_all();
-  }
-  absl::Status Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    EXPECT_TRUE(cv_.wait_for(lock, 60s, [&] { return done_; }));
-    return status_;
-  }
-  int tokens() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tokens_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  absl::Status status_;
-  bool done_ = false;
-  int tokens_ = 0;
-};
-
 TEST(DeviceFaultTest, FaultEndsTheStreamWithItsOperationAndTheWorkerRecovers) {
   auto owned_device = std::make_unique<FaultyDevice>();
   FaultyDevice* device = owned_device.get();
@@ -204,7 +173,7 @@ TEST(DeviceFaultTest, FaultEndsTheStreamWithItsOperationAndTheWorkerRecovers) {
   limits.vocab_size = info->model.vocab_size();
   limits.max_context_tokens = info->model.max_context_tokens();
   limits.kv_capacity_tokens = info->num_kv_blocks * info->block_size;
-  auto submit = [&](const std::shared_ptr<Sink>& sink) {
+  auto submit = [&](const std::shared_ptr<RecordingSink>& sink) {
     v1::GenerateRequest proto;
     for (int t : {5, 6, 7, 8}) proto.mutable_token_ids()->add_ids(t);
     proto.set_max_new_tokens(8);
@@ -216,21 +185,23 @@ TEST(DeviceFaultTest, FaultEndsTheStreamWithItsOperationAndTheWorkerRecovers) {
     ASSERT_TRUE(engine.Submit(*std::move(request)).ok());
   };
 
-  auto faulted = std::make_shared<Sink>();
+  auto faulted = std::make_shared<RecordingSink>();
   submit(faulted);
-  const absl::Status status = faulted->Wait();
+  ASSERT_TRUE(faulted->WaitDone());
+  const absl::Status& status = faulted->status_;
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
   EXPECT_THAT(status.message(), HasSubstr("Linear launch"));
   EXPECT_THAT(status.message(), HasSubstr("failed on the device"));
-  EXPECT_EQ(faulted->tokens(), 0);  // No token came from the faulted step.
-  EXPECT_GE(unready.load(), 1);     // The outage was visible.
+  EXPECT_TRUE(faulted->tokens_.empty());  // No token came from the faulted step.
+  EXPECT_GE(unready.load(), 1);           // The outage was visible.
 
   // The worker process (here: its service) is still up, and once re-initialised with a
   // new backend it serves again.
-  auto ok = std::make_shared<Sink>();
+  auto ok = std::make_shared<RecordingSink>();
   submit(ok);
-  EXPECT_TRUE(ok->Wait().ok());
-  EXPECT_EQ(ok->tokens(), 8);
+  ASSERT_TRUE(ok->WaitDone());
+  EXPECT_TRUE(ok->status_.ok()) << ok->status_;
+  EXPECT_EQ(ok->tokens_.size(), 8u);
   EXPECT_EQ(device->backends_made(), 2);
   EXPECT_TRUE(engine.workers_ready());
   engine.Stop(absl::CancelledError("test over"));

@@ -204,3 +204,49 @@ TEST_F(StepValidationTest, RejectedStepChangesNothing) {
 
 }  // namespace
 }  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+// The worker trusts no block id a step gives it: K/V go only into blocks the writing
+// sequence alone holds, so a bad (or hostile) step cannot overwrite another's cache.
+TEST_F(StepValidationTest, WritingIntoAnotherSequencesBlockIsRefused) {
+  StepRequest first;
+  AddNew(&first, 1, 4, 0);
+  ASSERT_TRUE(Run(first).ok());
+  StepRequest second;
+  AddNew(&second, 2, 4, 0);  // The same blocks as sequence 1.
+  ExpectInvalid(second, "which another sequence");
+}
+
+TEST_F(StepValidationTest, WritingABlockListedTwiceIsRefused) {
+  StepRequest step;
+  auto* seq = AddNew(&step, 1, kBlockSize + 1, 0);
+  seq->set_block_ids(1, seq->block_ids(0));  // Positions of both blocks write block 0.
+  ExpectInvalid(step, "or this one twice");
+}
+
+TEST_F(StepValidationTest, SharedPrefixBlocksAreReadNotWritten) {
+  StepRequest first;
+  AddNew(&first, 1, 2 * kBlockSize, 0);  // Blocks 0, 1, 2.
+  ASSERT_TRUE(Run(first).ok());
+  // Sequence 2 starts with sequence 1's full first block (a prefix-cache hit) and
+  // computes the rest in blocks of its own.
+  StepRequest second;
+  auto* seq = AddNew(&second, 2, 2 * kBlockSize, 10);
+  seq->set_block_ids(0, 0);
+  seq->set_num_cached_tokens(kBlockSize);
+  seq->set_num_tokens(kBlockSize);
+  EXPECT_TRUE(Run(second).ok());
+}
+
+TEST_F(StepValidationTest, NewSequenceLongerThanTheContextIsRefused) {
+  StepRequest step;
+  auto* seq = AddNew(&step, 1, 4, 0);
+  const int context = w_->model->config().max_context_tokens;
+  for (int i = 4; i <= context; ++i) seq->add_token_ids(3);
+  ExpectInvalid(step, "beyond the model's context");
+}
+
+}  // namespace
+}  // namespace conveyor::testing
