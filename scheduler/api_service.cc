@@ -32,6 +32,14 @@ grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// The call's "authorization" metadata ("" when it has none).
+std::string_view Authorization(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return {};
+  return std::string_view(it->second.data(), it->second.size());
+}
+
 absl::Status MalformedError(const char* type) {
   return absl::InvalidArgumentError(
       absl::StrCat("the request is not a valid ", type,
@@ -63,6 +71,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   void Finish(const absl::Status& status) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      grant_.Release();  // The call has ended: its client may start another.
       final_status_ = ToGrpcStatus(status);
       finished_ = true;
       if (writing_) return;  // OnWriteDone finishes after the last write.
@@ -123,6 +132,10 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     return cancelled_;
   }
   void set_self(std::shared_ptr<GenerateStream> self) { self_ = std::move(self); }
+  void set_grant(TokenAuthenticator::Grant grant) {
+    std::lock_guard<std::mutex> lock(mu_);
+    grant_ = std::move(grant);
+  }
 
  private:
   Engine* engine_;
@@ -135,6 +148,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool finished_ = false;
   bool client_gone_ = false;
   grpc::Status final_status_;
+  TokenAuthenticator::Grant grant_;  // Guarded by mu_; holds the client's slot until Finish.
 };
 
 // A stream that ends before reaching the engine.
@@ -194,6 +208,15 @@ void ApiService::CountRejected(absl::StatusCode code) {
   if (metrics_ != nullptr) metrics_->CountRejected(code);
 }
 
+void ApiService::SetAuthenticator(TokenAuthenticator* authenticator) {
+  authenticator_ = authenticator;
+}
+
+absl::Status ApiService::Authenticate(const grpc::CallbackServerContext& context) {
+  if (authenticator_ == nullptr) return absl::OkStatus();
+  return authenticator_->Authenticate(Authorization(context)).status();
+}
+
 void ApiService::SetEngine(Engine* engine, const ServingLimits& limits,
                            v1::ModelInfoResponse info) {
   limits_ = limits;
@@ -208,6 +231,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ApiService::Generate(
     CountRejected(status.code());
     return new RejectedStream(ToGrpcStatus(status));
   };
+  // Credentials first: an unknown caller learns nothing about its request.
+  TokenAuthenticator::Grant grant;
+  if (authenticator_ != nullptr) {
+    absl::StatusOr<TokenAuthenticator::Grant> admitted =
+        authenticator_->Admit(Authorization(*context));
+    if (!admitted.ok()) return reject(admitted.status());
+    grant = std::move(*admitted);
+  }
   auto request = std::make_shared<v1::GenerateRequest>();
   if (!ParseRaw(*raw, request.get())) return reject(MalformedError("conveyor.v1.GenerateRequest"));
   if (engine == nullptr) {
@@ -216,6 +247,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ApiService::Generate(
   const auto deadline = context->deadline();
   auto stream = std::make_shared<GenerateStream>(engine);
   stream->set_self(stream);
+  stream->set_grant(std::move(grant));
   Prepare([this, engine, stream, request, deadline] {
     if (stream->cancelled()) {
       stream->Finish(absl::CancelledError("the client cancelled the request"));
@@ -248,6 +280,11 @@ grpc::ServerUnaryReactor* ApiService::Tokenize(grpc::CallbackServerContext* cont
                                                const grpc::ByteBuffer* raw,
                                                grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status status = Authenticate(*context); !status.ok()) {
+    CountRejected(status.code());
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
   auto request = std::make_shared<v1::TokenizeRequest>();
   if (!ParseRaw(*raw, request.get())) {
     const absl::Status status = MalformedError("conveyor.v1.TokenizeRequest");
@@ -290,6 +327,11 @@ grpc::ServerUnaryReactor* ApiService::GetModelInfo(grpc::CallbackServerContext* 
                                                    const grpc::ByteBuffer* raw,
                                                    grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status status = Authenticate(*context); !status.ok()) {
+    CountRejected(status.code());
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
   v1::ModelInfoRequest request;
   if (!ParseRaw(*raw, &request)) {
     const absl::Status status = MalformedError("conveyor.v1.ModelInfoRequest");

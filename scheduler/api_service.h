@@ -23,6 +23,7 @@
 #include "scheduler/engine.h"
 #include "scheduler/metrics.h"
 #include "scheduler/request_builder.h"
+#include "scheduler/token_auth.h"
 
 namespace conveyor::scheduler {
 
@@ -42,6 +43,11 @@ class ApiService final
   // them. Call after the server has shut down and before the engine goes.
   void StopPreparing();
 
+  // Requires a bearer token on every call (UNAUTHENTICATED without a valid one) and holds
+  // one of the token's concurrent-call slots per Generate. Call before serving;
+  // `authenticator` must outlive the service.
+  void SetAuthenticator(TokenAuthenticator* authenticator);
+
   // Makes the service ready to generate with `engine` under `limits`.
   void SetEngine(Engine* engine, const ServingLimits& limits, v1::ModelInfoResponse info);
 
@@ -59,9 +65,12 @@ class ApiService final
   void Prepare(std::function<void()> job);
   void PrepareLoop();
   void CountRejected(absl::StatusCode code);
+  // OK when no authenticator is set or the call carries a valid token.
+  absl::Status Authenticate(const grpc::CallbackServerContext& context);
 
   const Tokenizer* tokenizer_;
   SchedulerMetrics* metrics_;
+  TokenAuthenticator* authenticator_ = nullptr;  // Set before serving; null: no tokens.
   std::atomic<Engine*> engine_{nullptr};
   // Written once by SetEngine before engine_ is published.
   ServingLimits limits_;

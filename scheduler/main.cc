@@ -13,6 +13,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/grpc_servers.h"
+#include "common/grpc_tls.h"
 #include "common/jinja/chat_template.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -24,6 +26,7 @@
 #include "scheduler/http/http_server.h"
 #include "scheduler/metrics.h"
 #include "scheduler/policy.h"
+#include "scheduler/token_auth.h"
 #include "scheduler/worker_group.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -69,6 +72,36 @@ ABSL_FLAG(int, http_port, 0,
 ABSL_FLAG(std::string, http_host, "", "Address for the HTTP API; empty means --host.");
 ABSL_FLAG(int, http_threads, 256,
           "Most HTTP connections served at once (one thread each, started on demand).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate for the client APIs (gRPC and HTTP). With --tls_key_file they "
+          "serve TLS only; a plaintext client is refused.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "mTLS on the client APIs: clients must present a certificate issued by this CA.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Bearer tokens the client APIs require, one per line: <token> [<name> "
+          "[<max_concurrent>]] (docs/security.md). Re-read when it changes. Empty: no "
+          "authentication.");
+ABSL_FLAG(int, max_concurrent_requests_per_token, 0,
+          "Generate calls one token may have in flight (a line of the tokens file may set "
+          "its own); more get RESOURCE_EXHAUSTED. 0: no limit.");
+ABSL_FLAG(bool, enable_reflection, false,
+          "Serve gRPC server reflection on the client port (for grpcurl and the like).");
+ABSL_FLAG(int, health_port, 0,
+          "Plaintext port that serves only gRPC health, for probes that cannot speak TLS "
+          "(the kubelet's); 0 disables. Health is also served on --port.");
+ABSL_FLAG(std::string, worker_tls_ca_file, "",
+          "mTLS to the workers: the CA that issued their certificates. Needs "
+          "--worker_tls_cert_file and --worker_tls_key_file, the scheduler's own certificate "
+          "(issued by the CA the workers trust).");
+ABSL_FLAG(std::string, worker_tls_cert_file, "",
+          "mTLS to the workers: this scheduler's certificate.");
+ABSL_FLAG(std::string, worker_tls_key_file, "", "mTLS to the workers: its private key.");
+ABSL_FLAG(std::string, worker_tls_server_name, "",
+          "Name the workers' certificates must carry; empty: each --workers host.");
+ABSL_FLAG(int, tls_refresh_s, 60,
+          "How often the gRPC certificate files are re-read, so rotated ones are used "
+          "without a restart.");
 
 namespace {
 
@@ -84,6 +117,31 @@ sigset_t BlockTerminationSignals() {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return signals;
+}
+
+// The client port's credentials: TLS (or mTLS) from the --tls_* flags, or plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ClientCredentials() {
+  conveyor::TlsFiles files{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+                           absl::GetFlag(FLAGS_tls_client_ca_file),
+                           absl::GetFlag(FLAGS_tls_refresh_s)};
+  if (!files.any()) return grpc::InsecureServerCredentials();
+  return conveyor::MakeTlsServerCredentials(files, files.ca_file.empty()
+                                                       ? conveyor::ClientCertificates::kNotRequested
+                                                       : conveyor::ClientCertificates::kRequired);
+}
+
+// The channels to the workers: mTLS from the --worker_tls_* flags, or null (plaintext).
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> WorkerCredentials() {
+  conveyor::TlsFiles files{
+      absl::GetFlag(FLAGS_worker_tls_cert_file), absl::GetFlag(FLAGS_worker_tls_key_file),
+      absl::GetFlag(FLAGS_worker_tls_ca_file), absl::GetFlag(FLAGS_tls_refresh_s)};
+  if (!files.any()) return nullptr;
+  if (files.cert_file.empty() || files.key_file.empty() || files.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "mTLS to the workers needs all of --worker_tls_ca_file, --worker_tls_cert_file and "
+        "--worker_tls_key_file");
+  }
+  return conveyor::MakeTlsChannelCredentials(files);
 }
 
 }  // namespace
@@ -130,6 +188,35 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Security settings are checked before anything listens: a bad file stops us here.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> client_credentials = ClientCredentials();
+  if (!client_credentials.ok()) {
+    spdlog::error("client API TLS: {}", std::string(client_credentials.status().message()));
+    return 2;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> worker_credentials =
+      WorkerCredentials();
+  if (!worker_credentials.ok()) {
+    spdlog::error("worker mTLS: {}", std::string(worker_credentials.status().message()));
+    return 2;
+  }
+  std::unique_ptr<conveyor::scheduler::TokenAuthenticator> authenticator;
+  if (!absl::GetFlag(FLAGS_auth_tokens_file).empty()) {
+    conveyor::scheduler::TokenAuthenticator::Options auth_options;
+    auth_options.tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+    auth_options.default_max_concurrent = absl::GetFlag(FLAGS_max_concurrent_requests_per_token);
+    auto created = conveyor::scheduler::TokenAuthenticator::Create(auth_options);
+    if (!created.ok()) {
+      spdlog::error("--auth_tokens_file: {}", std::string(created.status().message()));
+      return 2;
+    }
+    authenticator = *std::move(created);
+  }
+  const bool client_tls = !absl::GetFlag(FLAGS_tls_cert_file).empty();
+  if (!client_tls && authenticator != nullptr && absl::GetFlag(FLAGS_host) != "127.0.0.1") {
+    spdlog::warn("bearer tokens are checked, but without TLS they cross the network in clear");
+  }
+
   const std::string model_name = std::filesystem::path(model_dir).filename().string();
   auto registry = std::make_shared<prometheus::Registry>();
   conveyor::scheduler::SchedulerMetrics metrics(*registry, model_name, absl::GetFlag(FLAGS_policy));
@@ -144,13 +231,29 @@ int main(int argc, char** argv) {
 
   // Serve health (NOT_SERVING until the workers are ready) from the start.
   conveyor::scheduler::ApiService api(tokenizer->get(), v1::ModelInfoResponse(), &metrics);
+  api.SetAuthenticator(authenticator.get());
   grpc::EnableDefaultHealthCheckService(true);
+  // Registers reflection for every server (also done at load); WithoutReflection below
+  // takes it off unless --enable_reflection.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<conveyor::HealthOnlyServer> health_server;
+  if (absl::GetFlag(FLAGS_health_port) != 0) {
+    const std::string health_address =
+        absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_health_port));
+    auto started = conveyor::HealthOnlyServer::Start(health_address);
+    if (!started.ok()) {
+      spdlog::error("{} (--health_port)", std::string(started.status().message()));
+      return 1;
+    }
+    health_server = *std::move(started);
+    spdlog::info("gRPC health (plaintext) on {}", health_address);
+  }
   grpc::ServerBuilder builder;
+  if (!absl::GetFlag(FLAGS_enable_reflection)) conveyor::WithoutReflection(&builder);
   int port = 0;
   const std::string address =
       absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, *client_credentials, &port);
   builder.RegisterService(&api);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -158,8 +261,13 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on {}", address);
     return 1;
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
+  // Health says the same on both ports.
+  auto set_health = [health = server->GetHealthCheckService(),
+                     plain = health_server.get()](bool serving) {
+    health->SetServingStatus(serving);
+    if (plain != nullptr) plain->SetServing(serving);
+  };
+  set_health(false);
 
   // The HTTP API answers from the start too (/health says 503 until the workers are ready),
   // and is listening before the line that tells scripts the scheduler is up.
@@ -177,18 +285,28 @@ int main(int argc, char** argv) {
     http_options.chat_template = chat_template->get();
     http =
         std::make_unique<conveyor::scheduler::HttpServer>(http_options, tokenizer->get(), &metrics);
+    http->SetAuthenticator(authenticator.get());
+    if (client_tls) {
+      http->SetTls(absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+                   absl::GetFlag(FLAGS_tls_client_ca_file));
+    }
     if (absl::Status started = http->Start(); !started.ok()) {
       spdlog::error("{}", started.ToString());
       server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
       return 1;
     }
-    spdlog::info("OpenAI-compatible HTTP API on http://{}:{}/v1", http_options.host, http->port());
+    spdlog::info("OpenAI-compatible HTTP API on {}://{}:{}/v1", client_tls ? "https" : "http",
+                 http_options.host, http->port());
   }
 
   std::printf("conveyor-scheduler listening on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(), port);
   std::fflush(stdout);
-  spdlog::info("conveyor-scheduler listening on {}:{} (policy {}, model {})",
-               absl::GetFlag(FLAGS_host), port, absl::GetFlag(FLAGS_policy), model_dir);
+  spdlog::info(
+      "conveyor-scheduler listening on {}:{} (policy {}, model {}; {}{}{})",
+      absl::GetFlag(FLAGS_host), port, absl::GetFlag(FLAGS_policy), model_dir,
+      client_tls ? (absl::GetFlag(FLAGS_tls_client_ca_file).empty() ? "TLS" : "mTLS") : "plaintext",
+      authenticator != nullptr ? ", bearer tokens" : "",
+      *worker_credentials != nullptr ? ", mTLS to the workers" : "");
 
   WorkerGroup::Options worker_options;
   worker_options.scheduler_id = absl::GetFlag(FLAGS_scheduler_id);
@@ -207,6 +325,8 @@ int main(int argc, char** argv) {
   worker_options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   worker_options.step_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_step_timeout_s) * 1000));
+  worker_options.credentials = *worker_credentials;
+  worker_options.tls_server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
   WorkerGroup workers(worker_options);
 
   // Workers come up in their own time; a signal during the wait still stops us cleanly.
@@ -273,7 +393,7 @@ int main(int argc, char** argv) {
   // Health and the metrics follow the workers: NOT_SERVING from a failure until they
   // are back, so an orchestrator sees the outage.
   engine_options.on_workers_ready = [&](bool ready) {
-    health->SetServingStatus(ready);
+    set_health(ready);
     metrics.SetWorkersReady(ready ? workers.world_size() : 0);
     if (http != nullptr) http->SetServing(ready);
   };
@@ -293,7 +413,7 @@ int main(int argc, char** argv) {
     http->SetServing(true);
   }
   api.SetEngine(&engine, limits, model_info);
-  health->SetServingStatus(true);
+  set_health(true);
   metrics.SetWorkersReady(workers.world_size());
   spdlog::info(
       "ready: {} ({} parameters) on {} worker rank(s) [{}]; KV cache {} blocks x {} "
@@ -305,7 +425,7 @@ int main(int argc, char** argv) {
   while (!stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 
   // Drain: refuse new calls, let in-flight ones finish, then end what is left.
-  health->SetServingStatus(false);
+  set_health(false);
   if (http != nullptr) http->SetServing(false);
   engine.StartDrain();
   const auto drain_deadline =
@@ -319,6 +439,7 @@ int main(int argc, char** argv) {
   engine.Stop(absl::UnavailableError("the server shut down before the request finished"));
   if (http != nullptr) http->Stop();  // Before `engine` goes: open streams point at it.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  health_server.reset();
   api.StopPreparing();  // Before `engine` goes: a prepared request may still be submitted.
   spdlog::info("conveyor-scheduler stopped");
   return 0;

@@ -87,9 +87,13 @@ WorkerGroup::WorkerGroup(Options options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (!options_.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options_.tls_server_name);
+  }
+  const std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials();
   for (const std::string& address : options_.addresses) {
-    stubs_.push_back(v1::Worker::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    stubs_.push_back(v1::Worker::NewStub(grpc::CreateCustomChannel(address, credentials, args)));
   }
 }
 

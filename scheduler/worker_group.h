@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/security/credentials.h"
 #include "scheduler/step_executor.h"
 #include "worker.grpc.pb.h"
 
@@ -31,6 +32,10 @@ class WorkerGroup final : public StepExecutor {
     int max_step_tokens = 0;
     int max_num_seqs = 0;
     std::chrono::milliseconds step_timeout{60'000};
+    // How the channels to the ranks are secured; null: plaintext. With TLS, each rank's
+    // certificate must name its host in `addresses`, or `tls_server_name` when set.
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
+    std::string tls_server_name;
   };
 
   // What the ranks agreed on at Init.

@@ -38,7 +38,8 @@ class CpuDevice final : public model::Device {
 
   absl::StatusOr<std::string> CreateCollectiveId() override {
     rendezvous_.reset();
-    ASSIGN_OR_RETURN(rendezvous_, GlooRendezvousServer::Start(options_.collective_host));
+    ASSIGN_OR_RETURN(rendezvous_,
+                     GlooRendezvousServer::Start(options_.collective_host, options_.tls));
     return rendezvous_->collective_id();
   }
 
@@ -48,7 +49,8 @@ class CpuDevice final : public model::Device {
       std::string_view collective_id, int rank, int world_size, kernels::Backend*,
       std::chrono::system_clock::time_point deadline) override {
     if (world_size <= 1) return model::MakeSingleRankCommunicator();
-    return ConnectGloo(collective_id, rank, world_size, options_.collective_host, deadline);
+    return ConnectGloo(collective_id, rank, world_size, options_.collective_host, deadline,
+                       options_.tls);
   }
 
   absl::StatusOr<std::unique_ptr<model::DeviceSampler>> MakeSampler(kernels::Backend*, int,

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "common/grpc_tls.h"
 #include "model/device.h"
 
 namespace conveyor::worker {
@@ -16,6 +17,8 @@ struct CpuDeviceOptions {
   // Address the other ranks reach this one at for collectives (the rendezvous store and
   // Gloo's TCP pairs).
   std::string collective_host = "127.0.0.1";
+  // The worker's mTLS files, which also secure the rendezvous store; empty: plaintext.
+  TlsFiles tls;
 };
 
 std::unique_ptr<model::Device> MakeCpuDevice(const CpuDeviceOptions& options);

@@ -68,10 +68,10 @@ class StoreService final : public v1::CollectiveStore::Service {
 // are thrown as gloo::IoException, which ConnectGloo catches (Gloo itself throws too).
 class GrpcStore final : public gloo::rendezvous::Store {
  public:
-  GrpcStore(const std::string& address, std::chrono::system_clock::time_point deadline)
+  GrpcStore(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+            std::chrono::system_clock::time_point deadline)
       : address_(address),
-        stub_(v1::CollectiveStore::NewStub(
-            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        stub_(v1::CollectiveStore::NewStub(grpc::CreateChannel(address, std::move(credentials)))),
         deadline_(deadline) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -170,11 +170,15 @@ class GlooRendezvousServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<GlooRendezvousServer>> GlooRendezvousServer::Start(
-    const std::string& host) {
+    const std::string& host, const TlsFiles& tls) {
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (tls.any()) {
+    ASSIGN_OR_RETURN(credentials, MakeTlsServerCredentials(tls, ClientCertificates::kRequired));
+  }
   auto impl = std::make_unique<Impl>();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(host + ":0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(host + ":0", credentials, &port);
   builder.RegisterService(&impl->service);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || port == 0) {
@@ -196,11 +200,15 @@ GlooRendezvousServer::~GlooRendezvousServer() {
 
 absl::StatusOr<std::unique_ptr<model::Communicator>> ConnectGloo(
     std::string_view collective_id, int rank, int world_size, const std::string& host,
-    std::chrono::system_clock::time_point deadline) {
+    std::chrono::system_clock::time_point deadline, const TlsFiles& tls) {
   ASSIGN_OR_RETURN(const std::string_view address,
                    model::CollectiveIdPayload(collective_id, model::kGlooIdPrefix));
   const std::string store_address(address);
-  GrpcStore store(store_address, deadline);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (tls.any()) {
+    ASSIGN_OR_RETURN(credentials, MakeTlsChannelCredentials(tls));
+  }
+  GrpcStore store(store_address, std::move(credentials), deadline);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = host;

@@ -11,6 +11,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_servers.h"
+#include "common/grpc_tls.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "model/cuda/cuda_device.h"
@@ -47,6 +49,19 @@ ABSL_FLAG(double, binding_lease_s, 30,
           "The worker serves the scheduler that initialised it, and accepts another only after "
           "that one has made no call for this long.");
 ABSL_FLAG(int, max_receive_bytes, 64 << 20, "Largest request message the worker accepts.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "mTLS: this worker's PEM certificate (presented to the scheduler and to the other "
+          "ranks). Needs --tls_key_file and --tls_ca_file.");
+ABSL_FLAG(std::string, tls_key_file, "", "mTLS: the private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "mTLS: the CA whose certificates callers (the scheduler, the other ranks) must "
+          "present; others are refused during the handshake.");
+ABSL_FLAG(int, tls_refresh_s, 60,
+          "How often the certificate files are re-read, so rotated ones are used without a "
+          "restart.");
+ABSL_FLAG(int, health_port, 0,
+          "Plaintext port that serves only gRPC health, for probes that cannot speak TLS "
+          "(the kubelet's); 0 disables.");
 
 namespace {
 
@@ -69,12 +84,30 @@ std::string CollectiveHost() {
   return name;
 }
 
+conveyor::TlsFiles TlsFilesFromFlags() {
+  return conveyor::TlsFiles{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+                            absl::GetFlag(FLAGS_tls_ca_file), absl::GetFlag(FLAGS_tls_refresh_s)};
+}
+
+// The worker port's credentials: mTLS from the --tls_* flags (all three), or plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
+  const conveyor::TlsFiles files = TlsFilesFromFlags();
+  if (!files.any()) return grpc::InsecureServerCredentials();
+  if (files.cert_file.empty() || files.key_file.empty() || files.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "mTLS needs all of --tls_cert_file, --tls_key_file and --tls_ca_file: a worker "
+        "verifies every caller's certificate");
+  }
+  return conveyor::MakeTlsServerCredentials(files, conveyor::ClientCertificates::kRequired);
+}
+
 // The device --backend names, configured from the flags that apply to it.
 absl::StatusOr<std::unique_ptr<conveyor::model::Device>> MakeDevice(const std::string& name) {
   if (name == "cpu") {
     conveyor::worker::CpuDeviceOptions cpu;
     cpu.num_threads = absl::GetFlag(FLAGS_threads);
     cpu.collective_host = CollectiveHost();
+    cpu.tls = TlsFilesFromFlags();
     return conveyor::worker::MakeCpuDevice(cpu);
   }
   if (name == "cuda") {
@@ -117,6 +150,11 @@ int main(int argc, char** argv) {
     exposer->RegisterCollectable(registry);
   }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials();
+  if (!credentials.ok()) {
+    spdlog::error("TLS: {}", std::string(credentials.status().message()));
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<conveyor::model::Device>> device =
       MakeDevice(absl::GetFlag(FLAGS_backend));
   if (!device.ok()) {
@@ -132,11 +170,23 @@ int main(int argc, char** argv) {
   conveyor::worker::WorkerService service(*std::move(device), options);
 
   grpc::EnableDefaultHealthCheckService(true);
+  // Health alone, in plaintext, for probes: it says whether this process serves, which
+  // is what a kubelet restarts on, and nothing a caller could abuse.
+  std::unique_ptr<conveyor::HealthOnlyServer> health_server;
+  if (absl::GetFlag(FLAGS_health_port) != 0) {
+    auto started = conveyor::HealthOnlyServer::Start(
+        absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_health_port)));
+    if (!started.ok()) {
+      spdlog::error("{} (--health_port)", std::string(started.status().message()));
+      return 1;
+    }
+    health_server = *std::move(started);
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string address =
       absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, *credentials, &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -147,7 +197,8 @@ int main(int argc, char** argv) {
   // Tests and scripts read this line to find the port.
   std::printf("conveyor-worker listening on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(), port);
   std::fflush(stdout);
-  spdlog::info("conveyor-worker listening on {}:{}", absl::GetFlag(FLAGS_host), port);
+  spdlog::info("conveyor-worker listening on {}:{} ({})", absl::GetFlag(FLAGS_host), port,
+               TlsFilesFromFlags().any() ? "mTLS" : "plaintext");
 
   std::thread signal_thread(WaitForSignalThenShutdown, &service, signals);
   signal_thread.detach();

@@ -40,11 +40,13 @@ constexpr time_t kKeepAliveTimeoutS = 2;
 // type carries its charset (also true) and goes out as it is. (SSE is never compressed.)
 constexpr char kJsonType[] = "application/json; charset=utf-8";
 
-// httplib with the listen backlog raised (its build fixes it at 5; listen() on a
-// listening socket just updates the backlog).
-class Listener final : public httplib::Server {
+// httplib's server (plain or TLS) with the listen backlog raised (its build fixes it at
+// 5; listen() on a listening socket just updates the backlog).
+template <typename Base>
+class Listener final : public Base {
  public:
-  bool RaiseBacklog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+  using Base::Base;
+  bool RaiseBacklog(int backlog) { return ::listen(this->svr_sock_, backlog) == 0; }
 };
 
 // One request's answer on its way from the engine to the connection's thread. The engine
@@ -195,8 +197,14 @@ HttpServer::HttpServer(Options options, const Tokenizer* tokenizer, SchedulerMet
 
 HttpServer::~HttpServer() { Stop(); }
 
-void HttpServer::SetAuthenticator(Authenticator authenticator) {
-  authenticator_ = std::move(authenticator);
+void HttpServer::SetAuthenticator(TokenAuthenticator* authenticator) {
+  authenticator_ = authenticator;
+}
+
+void HttpServer::SetTls(std::string cert_file, std::string key_file, std::string client_ca_file) {
+  tls_cert_file_ = std::move(cert_file);
+  tls_key_file_ = std::move(key_file);
+  tls_client_ca_file_ = std::move(client_ca_file);
 }
 
 absl::Status HttpServer::Start() {
@@ -206,7 +214,25 @@ absl::Status HttpServer::Start() {
   // raise SIGPIPE and kill the process. Ignored, the write fails and the stream ends.
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto server = std::make_unique<Listener>();
+  std::unique_ptr<httplib::Server> server;
+  std::function<bool(int)> raise_backlog;
+  if (!tls_cert_file_.empty()) {
+    auto tls = std::make_unique<Listener<httplib::SSLServer>>(
+        tls_cert_file_.c_str(), tls_key_file_.c_str(),
+        tls_client_ca_file_.empty() ? nullptr : tls_client_ca_file_.c_str());
+    if (!tls->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "HTTPS: cannot use the certificate ", tls_cert_file_, " with the key ", tls_key_file_,
+          tls_client_ca_file_.empty() ? ""
+                                      : absl::StrCat(" and the client CA ", tls_client_ca_file_)));
+    }
+    raise_backlog = [p = tls.get()](int backlog) { return p->RaiseBacklog(backlog); };
+    server = std::move(tls);
+  } else {
+    auto plain = std::make_unique<Listener<httplib::Server>>();
+    raise_backlog = [p = plain.get()](int backlog) { return p->RaiseBacklog(backlog); };
+    server = std::move(plain);
+  }
   const size_t max_threads = static_cast<size_t>(std::max(1, options_.max_threads));
   server->new_task_queue = [max_threads] { return new GrowingTaskQueue(max_threads); };
   server->set_payload_max_length(options_.max_body_bytes);
@@ -264,7 +290,7 @@ absl::Status HttpServer::Start() {
     return absl::UnavailableError(
         absl::StrCat("cannot listen for HTTP on ", options_.host, ":", options_.port));
   }
-  if (!server->RaiseBacklog(kListenBacklog)) {
+  if (!raise_backlog(kListenBacklog)) {
     spdlog::warn("HTTP: cannot raise the listen backlog; bursts of connections may wait");
   }
   port_ = port;
@@ -294,11 +320,12 @@ void HttpServer::Stop() {
 }
 
 absl::Status HttpServer::Authenticate(const httplib::Request& req) const {
-  if (!authenticator_) return absl::OkStatus();
-  return authenticator_(req.get_header_value("Authorization"));
+  if (authenticator_ == nullptr) return absl::OkStatus();
+  return authenticator_->Authenticate(req.get_header_value("Authorization")).status();
 }
 
 void HttpServer::Reject(const absl::Status& status, httplib::Response& res) const {
+  if (absl::IsUnauthenticated(status)) res.set_header("WWW-Authenticate", "Bearer");
   SetJson(res, openai::HttpStatusFor(status), openai::ErrorBody(status));
 }
 
@@ -341,7 +368,14 @@ void HttpServer::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
     if (metrics_ != nullptr) metrics_->CountRejected(status.code(), ClientApi::kHttp);
     Reject(status, res);
   };
-  if (absl::Status auth = Authenticate(req); !auth.ok()) return reject(auth);
+  // One of the token's concurrent-generation slots, held until the answer has been sent.
+  auto grant = std::make_shared<TokenAuthenticator::Grant>();
+  if (authenticator_ != nullptr) {
+    absl::StatusOr<TokenAuthenticator::Grant> admitted =
+        authenticator_->Admit(req.get_header_value("Authorization"));
+    if (!admitted.ok()) return reject(admitted.status());
+    *grant = std::move(*admitted);
+  }
   Engine* engine = engine_.load();
   if (engine == nullptr) {
     return reject(absl::UnavailableError("no model worker is ready yet; retry shortly"));
@@ -376,7 +410,10 @@ void HttpServer::HandleGenerate(Endpoint endpoint, const httplib::Request& req,
   res.set_chunked_content_provider(
       "text/event-stream",
       [stream](size_t /*offset*/, httplib::DataSink& sink) { return stream->Pump(sink); },
-      [stream](bool /*success*/) { stream->Close(); });
+      [stream, grant](bool /*success*/) {
+        stream->Close();
+        grant->Release();
+      });
 }
 
 }  // namespace conveyor::scheduler

@@ -28,6 +28,7 @@
 #include "scheduler/http/openai_protocol.h"
 #include "scheduler/metrics.h"
 #include "scheduler/request_builder.h"
+#include "scheduler/token_auth.h"
 
 namespace httplib {
 class Server;
@@ -57,19 +58,21 @@ class HttpServer {
     const jinja::ChatTemplate* chat_template = nullptr;
   };
 
-  // Checks a request's credentials before any work is done: gets the Authorization
-  // header ("" when absent); OK admits, UNAUTHENTICATED (401) or PERMISSION_DENIED (403)
-  // refuses. The hook for bearer tokens; none is installed by default.
-  using Authenticator = std::function<absl::Status(std::string_view authorization)>;
-
   // `tokenizer` and `metrics` (nullable) must outlive the server.
   HttpServer(Options options, const Tokenizer* tokenizer, SchedulerMetrics* metrics);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Must be called before Start.
-  void SetAuthenticator(Authenticator authenticator);
+  // Requires a bearer token (the Authorization header) on every /v1 request: 401 without
+  // a valid one, 429 when the token's concurrent generations are all in use. /health
+  // stays open. Must be called before Start; `authenticator` must outlive the server.
+  void SetAuthenticator(TokenAuthenticator* authenticator);
+
+  // Serves HTTPS with this certificate and key (PEM files), read at Start; with
+  // `client_ca_file` a client must present a certificate it issued (mTLS). Must be
+  // called before Start.
+  void SetTls(std::string cert_file, std::string key_file, std::string client_ca_file);
 
   // Binds and starts serving. Until SetEngine, generation answers 503.
   absl::Status Start();
@@ -94,11 +97,14 @@ class HttpServer {
   absl::Status RenderChat(openai::ParsedRequest* parsed) const;
   void Reject(const absl::Status& status, httplib::Response& res) const;
   absl::Status Authenticate(const httplib::Request& req) const;
+  // httplib's server, plain or TLS as configured.
+  absl::StatusOr<std::unique_ptr<httplib::Server>> MakeListener() const;
 
   const Options options_;
   const Tokenizer* tokenizer_;
   SchedulerMetrics* metrics_;
-  Authenticator authenticator_;
+  TokenAuthenticator* authenticator_ = nullptr;
+  std::string tls_cert_file_, tls_key_file_, tls_client_ca_file_;
   const int64_t created_unix_s_;  // Start-up time: the model's "created".
 
   // Set by Start.

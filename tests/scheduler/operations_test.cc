@@ -54,7 +54,7 @@ TEST(OperationsTest, SigtermWhileWaitingForWorkersExitsZeroAtOnce) {
 }
 
 TEST(OperationsTest, ReflectionListsTheServices) {
-  Server server({});
+  Server server({"--enable_reflection"});
   auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(server.channel());
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + 5s);

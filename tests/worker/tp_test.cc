@@ -136,7 +136,7 @@ std::vector<std::unique_ptr<Rank>> MakeGroup(int world, const ModelFactory& make
   if (world == 1) {
     ranks[0]->comm = model::MakeSingleRankCommunicator();
   } else {
-    auto store = worker::GlooRendezvousServer::Start("127.0.0.1");
+    auto store = worker::GlooRendezvousServer::Start("127.0.0.1", TlsFiles());
     EXPECT_TRUE(store.ok()) << store.status();
     if (!store.ok()) return {};
     std::vector<absl::StatusOr<std::unique_ptr<model::Communicator>>> comms(world);
@@ -144,7 +144,7 @@ std::vector<std::unique_ptr<Rank>> MakeGroup(int world, const ModelFactory& make
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
         comms[r] = worker::ConnectGloo((*store)->collective_id(), r, world, "127.0.0.1",
-                                       std::chrono::system_clock::now() + 30s);
+                                       std::chrono::system_clock::now() + 30s, TlsFiles());
       });
     }
     for (std::thread& t : threads) t.join();
