@@ -413,6 +413,39 @@ TEST(WorkerMtlsTest, TwoTensorParallelRanksMeetOverMtls) {
   EXPECT_EQ(call.tokens, 6);
 }
 
+TEST(TlsRotationTest, ARotatedCertificateIsServedWithoutARestart) {
+  // The scheduler's certificate files are replaced in place, as a Secret update does;
+  // with --tls_refresh_s=1 new connections get the new certificate within seconds.
+  TestTempDir dir;
+  const std::string cert = dir.path() + "/tls.crt";
+  const std::string key = dir.path() + "/tls.key";
+  auto copy = [](const std::string& from, const std::string& to) {
+    std::ofstream(to + ".tmp") << ReadAll(from);
+    std::rename((to + ".tmp").c_str(), to.c_str());
+  };
+  copy(Certs()("server.crt"), cert);
+  copy(Certs()("server.key"), key);
+  Process scheduler =
+      StartScheduler("127.0.0.1:" + std::to_string(FreePort()),
+                     {"--tls_cert_file=" + cert, "--tls_key_file=" + key, "--tls_refresh_s=1"});
+  ASSERT_GT(scheduler.port, 0);
+  auto handshake_ok = [&](const std::string& ca) {
+    HealthStatus health;
+    return Health(Channel(scheduler.port, TlsClient(ca)), &health).ok();
+  };
+  EXPECT_TRUE(handshake_ok("ca.crt"));
+  EXPECT_FALSE(handshake_ok("other-ca.crt"));
+  copy(Certs()("rogue.crt"), cert);  // Issued by the other CA.
+  copy(Certs()("rogue.key"), key);
+  bool rotated = false;
+  for (int i = 0; i < 50 && !rotated; ++i) {
+    std::this_thread::sleep_for(200ms);
+    rotated = handshake_ok("other-ca.crt");
+  }
+  EXPECT_TRUE(rotated) << "the new certificate was not served within 10 s";
+  EXPECT_FALSE(handshake_ok("ca.crt"));
+}
+
 TEST(TlsConfigTest, BadFilesStopTheProcessAtStartWithAMessage) {
   auto exit_code = [](std::vector<std::string> argv) -> std::optional<int> {
     auto p = Subprocess::Start(argv);
