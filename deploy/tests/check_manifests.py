@@ -11,7 +11,10 @@ the scheduler's --workers list against the StatefulSet and headless Service name
 NetworkPolicies against the pods' labels, termination grace against the drain timeout,
 the liveness probe against the worker recovery timeout, the ServiceMonitor against the
 Services, and the scheduler's identity: a Secret (the chart's, or existingSecret) read
-into the env and from there into --scheduler_id. With --lookup (the objects the render's
+into the env and from there into --scheduler_id. With TLS or tokens on (tls.*, auth.*):
+the flags on the right container, each file flag pointing into a read-only mount of the
+right Secret and key (mode 0440 at most), the probes on the plaintext health port, and
+the workers' --collective_host = their stable DNS name, which their certificate names. With --lookup (the objects the render's
 `lookup` saw, as on `helm upgrade`), the chart's Secret must keep the id found there.
 Prints every failed check; exit status 1 if any.
 """
@@ -26,13 +29,16 @@ import yaml
 SCHEDULER_FLAGS = ["host", "port", "metrics_port", "model", "workers", "policy", "max_num_seqs",
                    "max_step_tokens", "block_size", "kv_cache_bytes", "max_queue", "batch_size",
                    "batch_timeout_ms", "batch_window_ms", "drain_timeout_s", "step_timeout_s",
-                   "worker_recovery_timeout_s", "scheduler_id", "log_level"]
+                   "worker_recovery_timeout_s", "scheduler_id", "log_level", "enable_reflection"]
 WORKER_FLAGS = ["host", "port", "metrics_port", "backend", "threads", "binding_lease_s",
-                "rendezvous_timeout_s", "log_level"]
+                "rendezvous_timeout_s", "log_level", "collective_host"]
 INT_FLAGS = {"port", "metrics_port", "max_num_seqs", "max_step_tokens", "block_size",
              "kv_cache_bytes", "max_queue", "batch_size", "batch_timeout_ms", "batch_window_ms",
              "drain_timeout_s", "step_timeout_s", "worker_recovery_timeout_s", "threads",
-             "binding_lease_s", "rendezvous_timeout_s"}
+             "binding_lease_s", "rendezvous_timeout_s", "health_port", "tls_refresh_s",
+             "max_concurrent_requests_per_token"}
+# Secret files: readable by the owner (root) and the pod's fsGroup at most, never written.
+MAX_SECRET_MODE = 0o440
 # The scheduler's identity reaches --scheduler_id through this variable (Kubernetes
 # expands $(VAR) in args), so that the id itself never appears in the pod spec.
 ID_ENV = "CONVEYOR_SCHEDULER_ID"
@@ -103,6 +109,47 @@ def check_probes(container, grpc_port, who, check):
                      f"{who}: {probe} has a second handler")
 
 
+def secret_file(pod, container, path):
+    """(Secret name, key, mode) of the file at `path`, if a read-only Secret volume
+    mount provides it; else a string saying why not."""
+    directory, _, filename = str(path).rpartition("/")
+    mounts = [m for m in container.get("volumeMounts", []) if m.get("mountPath") == directory]
+    if len(mounts) != 1:
+        return f"no (single) volume mounted at {directory}"
+    mount = mounts[0]
+    if mount.get("readOnly") is not True or mount.get("subPath"):
+        return f"the mount at {directory} is not read-only or uses subPath (no in-place updates)"
+    volume = next((v for v in pod["spec"].get("volumes", []) if v["name"] == mount["name"]), {})
+    secret = volume.get("secret")
+    if not secret:
+        return f"volume {mount['name']} is not a Secret volume: {volume}"
+    items = secret.get("items")
+    if items is None:
+        key = filename
+    else:
+        keys = [i["key"] for i in items if i.get("path") == filename]
+        if len(keys) != 1:
+            return f"Secret volume {mount['name']} has no item for {filename}: {items}"
+        key = keys[0]
+    modes = [secret.get("defaultMode", 0o644)] + [i["mode"] for i in items or [] if "mode" in i]
+    return secret.get("secretName"), key, max(modes, key=lambda m: m & ~MAX_SECRET_MODE)
+
+
+def check_secret_file(pod, container, flags, flag, secret, key, who, check):
+    """--flag names a file that is `key` of Secret `secret`, mounted read-only, mode <= 0440."""
+    path = flags.get(flag)
+    found = secret_file(pod, container, path) if path else "flag missing"
+    if isinstance(found, str):
+        check.expect(False, f"{who}: --{flag}={path} is not a file of Secret {secret}/{key}: {found}")
+        return
+    name, got_key, mode = found
+    check.expect((name, got_key) == (secret, key),
+                 f"{who}: --{flag}={path} is not a file of Secret {secret}/{key}: it is {name}/{got_key}")
+    check.expect(isinstance(mode, int) and mode & ~MAX_SECRET_MODE == 0,
+                 f"{who}: Secret volume for --{flag} has defaultMode {oct(mode) if isinstance(mode, int) else mode}, "
+                 f"more than {oct(MAX_SECRET_MODE)}")
+
+
 def container_ports(container):
     return {p.get("name"): p.get("containerPort") for p in container.get("ports", [])}
 
@@ -157,6 +204,25 @@ def main():
     tp = values["tensorParallelSize"]
     cpu = values["cpuOnly"]["enabled"]
     sched_v, worker_v = values["scheduler"], values["worker"]
+    client_tls, internal_tls = values["tls"]["clientApi"], values["tls"]["internal"]
+    auth = values["auth"]
+    s_health = sched_v["healthPort"] if client_tls["enabled"] else None
+    w_health = worker_v["healthPort"] if internal_tls["enabled"] else None
+    sched_flags = list(SCHEDULER_FLAGS)
+    if client_tls["enabled"]:
+        sched_flags += ["tls_cert_file", "tls_key_file", "health_port"]
+        if client_tls["requireClientCert"]:
+            sched_flags.append("tls_client_ca_file")
+    if internal_tls["enabled"]:
+        sched_flags += ["worker_tls_cert_file", "worker_tls_key_file", "worker_tls_ca_file"]
+    if client_tls["enabled"] or internal_tls["enabled"]:
+        sched_flags.append("tls_refresh_s")
+    if auth["tokensSecretName"]:
+        sched_flags += ["auth_tokens_file", "max_concurrent_requests_per_token"]
+    worker_flags = list(WORKER_FLAGS)
+    if internal_tls["enabled"]:
+        worker_flags += ["tls_cert_file", "tls_key_file", "tls_ca_file", "tls_refresh_s",
+                         "health_port"]
     gpu_name = worker_v["gpuResourceName"]
     s_grpc, s_metrics = sched_v["grpcPort"], sched_v["metricsPort"]
     w_grpc, w_metrics = worker_v["grpcPort"], worker_v["metricsPort"]
@@ -206,8 +272,8 @@ def main():
     check.expect(len(containers) == 1, "scheduler pod must have one container")
     sc = containers[0]
     flags = parse_args(sc)
-    check.expect(sorted(flags) == sorted(SCHEDULER_FLAGS),
-                 f"scheduler flags {sorted(flags)} != {sorted(SCHEDULER_FLAGS)}")
+    check.expect(sorted(flags) == sorted(sched_flags),
+                 f"scheduler flags {sorted(flags)} != {sorted(sched_flags)}")
     check.expect(all(len(v) == 1 for v in flags.values()), "a scheduler flag is repeated")
     check_int_flags(flags, "scheduler", check)
     first = {k: v[0] for k, v in flags.items()}
@@ -231,9 +297,17 @@ def main():
     expected_kv = sched_v["kvCacheBytes"] or (values["cpuOnly"]["kvCacheBytes"] if cpu else 0)
     check.expect(first.get("kv_cache_bytes") == str(expected_kv),
                  f"scheduler --kv_cache_bytes={first.get('kv_cache_bytes')}, expected {expected_kv}")
-    check.expect(container_ports(sc) == {"grpc": s_grpc, "metrics": s_metrics},
-                 f"scheduler container ports {container_ports(sc)}")
-    check_probes(sc, s_grpc, "scheduler", check)
+    expected_ports = {"grpc": s_grpc, "metrics": s_metrics}
+    if s_health:
+        expected_ports["health"] = s_health
+    check.expect(container_ports(sc) == expected_ports,
+                 f"scheduler container ports {container_ports(sc)}, expected {expected_ports}")
+    # TLS on the client port: the kubelet (no TLS) probes the plaintext health-only port.
+    check_probes(sc, s_health or s_grpc, "scheduler", check)
+    check.expect(first.get("enable_reflection") == str(bool(sched_v["enableReflection"])).lower(),
+                 f"scheduler --enable_reflection={first.get('enable_reflection')} != "
+                 f"scheduler.enableReflection={sched_v['enableReflection']}")
+    check_scheduler_security(sched_pod, sc, first, values, s_health, check)
     check.expect(gpu_name not in resource_names(sc), "the scheduler must not request a GPU")
     grace = sched_pod["spec"].get("terminationGracePeriodSeconds")
     drain = int(first.get("drain_timeout_s", "0"))
@@ -267,8 +341,9 @@ def main():
     check.expect(len(containers) == 1, "worker pod must have one container")
     wc = containers[0]
     wflags = parse_args(wc)
-    check.expect(sorted(wflags) == sorted(WORKER_FLAGS),
-                 f"worker flags {sorted(wflags)} != {sorted(WORKER_FLAGS)}")
+    check.expect(sorted(wflags) == sorted(worker_flags),
+                 f"worker flags {sorted(wflags)} != {sorted(worker_flags)}")
+    check.expect(all(len(v) == 1 for v in wflags.values()), "a worker flag is repeated")
     check_int_flags(wflags, "worker", check)
     wfirst = {k: v[0] for k, v in wflags.items()}
     check.expect(wfirst.get("host") == "0.0.0.0", "worker --host must be 0.0.0.0")
@@ -287,9 +362,29 @@ def main():
     check.expect(lease.isdigit() and int(lease) > IDLE_CHECK_S,
                  f"worker --binding_lease_s={lease} must exceed the scheduler's idle checks "
                  f"(every {IDLE_CHECK_S} s), or an idle scheduler loses its workers")
-    check.expect(container_ports(wc) == {"grpc": w_grpc, "metrics": w_metrics},
-                 f"worker container ports {container_ports(wc)}")
-    check_probes(wc, w_grpc, "worker", check)
+    expected_ports = {"grpc": w_grpc, "metrics": w_metrics}
+    if w_health:
+        expected_ports["health"] = w_health
+    check.expect(container_ports(wc) == expected_ports,
+                 f"worker container ports {container_ports(wc)}, expected {expected_ports}")
+    check_probes(wc, w_health or w_grpc, "worker", check)
+    # The other ranks dial rank 0's rendezvous store at its --collective_host, and with
+    # mTLS check that name against its certificate: the same stable name as in --workers.
+    pod_name_env = [e for e in wc.get("env", []) if e.get("name") == "POD_NAME"]
+    check.expect(len(pod_name_env) == 1 and pod_name_env[0].get("valueFrom", {}).get("fieldRef", {})
+                 .get("fieldPath") == "metadata.name", "worker env POD_NAME must be the pod's name")
+    expected_host = f"$(POD_NAME).{svc_name}.{args.namespace}.svc.{values['clusterDomain']}"
+    check.expect(wfirst.get("collective_host") == expected_host,
+                 f"worker --collective_host={wfirst.get('collective_host')}, expected {expected_host}")
+    if internal_tls["enabled"]:
+        secret = internal_tls["workerSecretName"]
+        for flag, key in (("tls_cert_file", "tls.crt"), ("tls_key_file", "tls.key"),
+                          ("tls_ca_file", "ca.crt")):
+            check_secret_file(worker_pod, wc, wfirst, flag, secret, key, "worker", check)
+        check.expect(wfirst.get("tls_refresh_s") == str(values["tls"]["refreshSeconds"]),
+                     f"worker --tls_refresh_s={wfirst.get('tls_refresh_s')}")
+        check.expect(wfirst.get("health_port") == str(w_health),
+                     f"worker --health_port={wfirst.get('health_port')}, expected {w_health}")
     res = wc.get("resources") or {}
     if cpu:
         check.expect(gpu_name not in resource_names(wc), "cpuOnly: workers must not request a GPU")
@@ -371,6 +466,7 @@ def main():
     policies = [o for o in objs if o.get("kind") == "NetworkPolicy"]
     if values["networkPolicy"]["enabled"]:
         monitoring = values["networkPolicy"]["monitoring"]["namespaceSelector"]
+        probe_sources = values["networkPolicy"].get("probeSources") or []
         def selecting(labels):
             return [p for p in policies
                     if subset(p["spec"]["podSelector"].get("matchLabels"), labels)]
@@ -405,6 +501,17 @@ def main():
             check.expect(any(p and p.get("namespaceSelector") == monitoring
                              for p in peers_allowed_on(np, w_metrics)),
                          "worker metrics port is not open to the monitoring namespace")
+            if w_health:
+                # Plaintext health: the group's ranks (they may reach any port) and the
+                # configured probe sources, nobody else.
+                for peer in peers_allowed_on(np, w_health):
+                    ok = peer is not None and (peer in probe_sources or (
+                        set(peer) == {"podSelector"} and
+                        subset(peer["podSelector"].get("matchLabels"), worker_labels)))
+                    check.expect(ok, f"worker health port is open to {peer or 'any source'}")
+                for peer in probe_sources:
+                    check.expect(peer in peers_allowed_on(np, w_health),
+                                 f"worker health port is not open to probe source {peer}")
         if sched_np:
             np = sched_np[0]
             clients = values["networkPolicy"]["clients"]
@@ -414,6 +521,10 @@ def main():
             check.expect(all(p and p.get("namespaceSelector") == monitoring
                              for p in peers_allowed_on(np, s_metrics)) and peers_allowed_on(np, s_metrics),
                          "scheduler metrics port must be open to the monitoring namespace only")
+            if s_health:
+                peers = peers_allowed_on(np, s_health)
+                check.expect(peers == probe_sources,
+                             f"scheduler health port peers {peers}, expected {probe_sources}")
     else:
         check.expect(not policies, "NetworkPolicy rendered although disabled")
 
@@ -426,6 +537,45 @@ def main():
                      f"{who}: the API token should not be mounted")
 
     return report(check)
+
+
+def check_scheduler_security(pod, container, flags, values, health_port, check):
+    """The scheduler's TLS, mTLS-to-workers and token flags, from the right Secrets."""
+    client_tls, internal_tls = values["tls"]["clientApi"], values["tls"]["internal"]
+    auth = values["auth"]
+    if client_tls["enabled"]:
+        secret = client_tls["secretName"]
+        check_secret_file(pod, container, flags, "tls_cert_file", secret, "tls.crt", "scheduler", check)
+        check_secret_file(pod, container, flags, "tls_key_file", secret, "tls.key", "scheduler", check)
+        if client_tls["requireClientCert"]:
+            check_secret_file(pod, container, flags, "tls_client_ca_file",
+                              client_tls["clientCaSecretName"] or secret, "ca.crt", "scheduler", check)
+        check.expect(flags.get("health_port") == str(health_port),
+                     f"scheduler --health_port={flags.get('health_port')}, expected {health_port}")
+    if internal_tls["enabled"]:
+        secret = internal_tls["schedulerSecretName"]
+        for flag, key in (("worker_tls_cert_file", "tls.crt"), ("worker_tls_key_file", "tls.key"),
+                          ("worker_tls_ca_file", "ca.crt")):
+            check_secret_file(pod, container, flags, flag, secret, key, "scheduler", check)
+    if client_tls["enabled"] or internal_tls["enabled"]:
+        check.expect(flags.get("tls_refresh_s") == str(values["tls"]["refreshSeconds"]),
+                     f"scheduler --tls_refresh_s={flags.get('tls_refresh_s')}")
+    if auth["tokensSecretName"]:
+        check_secret_file(pod, container, flags, "auth_tokens_file", auth["tokensSecretName"],
+                          auth["tokensKey"], "scheduler", check)
+        check.expect(flags.get("max_concurrent_requests_per_token") == str(auth["maxConcurrentPerToken"]),
+                     f"scheduler --max_concurrent_requests_per_token="
+                     f"{flags.get('max_concurrent_requests_per_token')} != auth.maxConcurrentPerToken")
+    # No Secret volume beyond what the flags use (nor a forgotten TLS file on a plaintext port).
+    secret_volumes = {v["name"] for v in pod["spec"].get("volumes", []) if "secret" in v}
+    used = set()
+    for name, path in flags.items():
+        if name.endswith("_file"):
+            mounts = [m for m in container.get("volumeMounts", [])
+                      if m.get("mountPath") == str(path).rpartition("/")[0]]
+            used.update(m["name"] for m in mounts)
+    check.expect(secret_volumes <= used,
+                 f"scheduler: Secret volumes {sorted(secret_volumes - used)} are mounted but no flag reads them")
 
 
 def check_identity(objs, deploy, container, flags, identity, args, check):

@@ -170,6 +170,8 @@ CASES=(
   "tp2|prod|inference|deploy/helm/values-tp2.yaml"
   "cpu|conveyor|default|deploy/helm/values-cpu.yaml"
   "toggles|x|ns|deploy/tests/values/toggles.yaml"
+  "secured|sec|prod|deploy/tests/values/secured.yaml"
+  "secured-min|conveyor|edge|deploy/tests/values/secured-min.yaml"
 )
 for spec in "${CASES[@]}"; do
   IFS='|' read -r case release ns overlay <<<"$spec"
@@ -180,7 +182,7 @@ for spec in "${CASES[@]}"; do
   fi
   manifest="$OUT/go/$case.yaml"
   check "yamllint[$case] rendered manifests" yamllint -s -c "$TESTS/yamllint.yaml" "$manifest"
-  check "manifests[$case] kinds, ports, probes, GPUs, ranks, policies, grace" \
+  check "manifests[$case] kinds, ports, probes, GPUs, ranks, policies, grace, TLS/tokens" \
     "$PY" "$TESTS/check_manifests.py" "$manifest" --chart "$CHART" "${fargs[@]}" --namespace "$ns"
   check "self-test[$case] manifest checker catches broken manifests" \
     "$PY" "$TESTS/self_test.py" manifests "$manifest" --chart "$CHART" "${fargs[@]}" --namespace "$ns"
@@ -326,7 +328,7 @@ for spec in "conveyor-scheduler|Deployment" "conveyor-worker|StatefulSet"; do
   binary=$(newest_binary "$name")
   if [ -n "$binary" ]; then
     check "$name (${binary#"$REPO"/}) accepts every flag the chart passes" \
-      accepts_chart_flags "$binary" "$kind" "$OUT"/go/{default,tp2,cpu,toggles}.yaml
+      accepts_chart_flags "$binary" "$kind" "$OUT"/go/{default,tp2,cpu,toggles,secured,secured-min}.yaml
   else
     skip "$name flags" "no built $name under build*/"
   fi

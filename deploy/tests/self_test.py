@@ -170,6 +170,88 @@ def m_liveness_within_recovery(objs):
     probe["periodSeconds"], probe["failureThreshold"] = 10, 6
 
 
+def volume(pod_spec, name):
+    return next(v for v in pod_spec["volumes"] if v["name"] == name)
+
+
+def sched_pod_spec(objs):
+    return first(objs, "Deployment")["spec"]["template"]["spec"]
+
+
+def worker_pod_spec(objs):
+    return first(objs, "StatefulSet")["spec"]["template"]["spec"]
+
+
+def m_probe_on_tls_port(objs):
+    c = scheduler_container(objs)
+    port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+    c["livenessProbe"]["grpc"]["port"] = port
+
+
+def m_worker_probe_on_tls_port(objs):
+    c = worker_container(objs)
+    port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+    c["readinessProbe"]["grpc"]["port"] = port
+
+
+def m_cert_from_other_secret(objs):
+    volume(sched_pod_spec(objs), "client-api-tls")["secret"]["secretName"] = "someone-else"
+
+
+def m_cert_wrong_path(objs):
+    set_arg(scheduler_container(objs), "tls_cert_file", "/etc/conveyor/tls/tls.crt")
+
+
+def m_key_world_readable(objs):
+    volume(sched_pod_spec(objs), "client-api-tls")["secret"]["defaultMode"] = 0o644
+
+
+def m_secret_mount_writable(objs):
+    for m in worker_container(objs)["volumeMounts"]:
+        if m["name"] == "internal-tls":
+            m["readOnly"] = False
+
+
+def m_worker_ca_wrong_key(objs):
+    for item in volume(worker_pod_spec(objs), "internal-tls")["secret"]["items"]:
+        if item["path"] == "ca.crt":
+            item["key"] = "tls.crt"
+
+
+def m_worker_no_ca(objs):
+    c = worker_container(objs)
+    c["args"] = [a for a in c["args"] if not a.startswith("--tls_ca_file=")]
+
+
+def m_scheduler_no_worker_ca(objs):
+    c = scheduler_container(objs)
+    c["args"] = [a for a in c["args"] if not a.startswith("--worker_tls_ca_file=")]
+
+
+def m_no_tokens_file(objs):
+    c = scheduler_container(objs)
+    c["args"] = [a for a in c["args"] if not a.startswith("--auth_tokens_file=")]
+
+
+def m_tokens_wrong_key(objs):
+    volume(sched_pod_spec(objs), "auth-tokens")["secret"]["items"][0]["key"] = "tokens-old"
+
+
+def m_short_collective_host(objs):
+    set_arg(worker_container(objs), "collective_host", "$(POD_NAME)")
+
+
+def m_reflection_flipped(objs):
+    c = scheduler_container(objs)
+    value = next(a for a in c["args"] if a.startswith("--enable_reflection="))
+    set_arg(c, "enable_reflection", "false" if value.endswith("true") else "true")
+
+
+def m_health_port_open(objs):
+    worker_policy(objs)["spec"]["ingress"].append({"ports": [{"port": next(
+        p["containerPort"] for p in worker_container(objs)["ports"] if p["name"] == "health")}]})
+
+
 # name: (mutation, applies to: np/sm/gpu/cpu/secret/existing renderings or all, text the
 # failure must contain); secret: the chart made the identity Secret, existing: it did not.
 MANIFEST_MUTATIONS = {
@@ -200,6 +282,21 @@ MANIFEST_MUTATIONS = {
     "worker without --binding_lease_s": (m_no_binding_lease, None, "worker flags"),
     "binding lease within the idle checks": (m_short_binding_lease, None, "must exceed the scheduler's idle"),
     "liveness fails mid-recovery": (m_liveness_within_recovery, None, "restart the scheduler mid-recovery"),
+    "--collective_host not the stable name": (m_short_collective_host, None, "--collective_host="),
+    "--enable_reflection not from the value": (m_reflection_flipped, None, "--enable_reflection="),
+    # Security (tls-client: client API TLS on; tls-internal: mTLS to the workers; auth: tokens).
+    "scheduler probe on its TLS port": (m_probe_on_tls_port, "tls-client", "native gRPC probe"),
+    "worker probe on its mTLS port": (m_worker_probe_on_tls_port, "tls-internal", "native gRPC probe"),
+    "client cert from another Secret": (m_cert_from_other_secret, "tls-client", "is not a file of Secret"),
+    "--tls_cert_file not in the mount": (m_cert_wrong_path, "tls-client", "is not a file of Secret"),
+    "key readable by others": (m_key_world_readable, "tls-client", "defaultMode"),
+    "Secret mounted writable": (m_secret_mount_writable, "tls-internal", "not read-only"),
+    "worker CA from the wrong key": (m_worker_ca_wrong_key, "tls-internal", "is not a file of Secret"),
+    "worker without --tls_ca_file": (m_worker_no_ca, "tls-internal", "worker flags"),
+    "scheduler without --worker_tls_ca_file": (m_scheduler_no_worker_ca, "tls-internal", "scheduler flags"),
+    "no --auth_tokens_file": (m_no_tokens_file, "auth", "scheduler flags"),
+    "tokens from the wrong key": (m_tokens_wrong_key, "auth", "is not a file of Secret"),
+    "worker health port open to all": (m_health_port_open, "np-tls-internal", "health port is open to"),
 }
 
 
@@ -272,6 +369,16 @@ def run_manifests(args):
         good = [d for d in yaml.safe_load_all(f) if d]
     kinds = {o["kind"] for o in good}
     cpu = any("--backend=cpu" in a for a in worker_container(good)["args"])
+    sched_args, worker_args = scheduler_container(good)["args"], worker_container(good)["args"]
+    features = set()
+    if any(a.startswith("--tls_cert_file=") for a in sched_args):
+        features.add("tls-client")
+    if any(a.startswith("--tls_cert_file=") for a in worker_args):
+        features.add("tls-internal")
+        if "NetworkPolicy" in kinds:
+            features.add("np-tls-internal")
+    if any(a.startswith("--auth_tokens_file=") for a in sched_args):
+        features.add("auth")
     checker = [sys.executable, os.path.join(HERE, "check_manifests.py"), "--chart", args.chart,
                "--namespace", args.namespace] + [x for v in args.values for x in ("-f", v)]
     if fails(checker + [args.good]):
@@ -284,7 +391,9 @@ def run_manifests(args):
                     (needs == "sm" and "ServiceMonitor" not in kinds) or
                     (needs == "secret" and "Secret" not in kinds) or
                     (needs == "existing" and "Secret" in kinds) or
-                    (needs == "gpu" and cpu) or (needs == "cpu" and not cpu)):
+                    (needs == "gpu" and cpu) or (needs == "cpu" and not cpu) or
+                    (needs in ("tls-client", "tls-internal", "np-tls-internal", "auth") and
+                     needs not in features)):
                 continue
             objs = copy.deepcopy(good)
             mutate(objs)

@@ -178,3 +178,91 @@ grpc:
 {{- toYaml . | nindent 0 }}
 {{- end }}
 {{- end }}
+
+{{/*
+Security: TLS on the client API, mTLS between the scheduler and its workers, bearer
+tokens. Where the Secrets are mounted (read-only, one directory each), and the checks of
+the values, which the scheduler Deployment includes so a bad combination fails the render.
+*/}}
+{{- define "conveyor.tls.clientApiDir" -}}/etc/conveyor/tls/client-api{{- end }}
+{{- define "conveyor.tls.clientCaDir" -}}/etc/conveyor/tls/client-ca{{- end }}
+{{- define "conveyor.tls.internalDir" -}}/etc/conveyor/tls/internal{{- end }}
+{{- define "conveyor.auth.dir" -}}/etc/conveyor/auth{{- end }}
+
+{{/* The client CA file for --tls_client_ca_file: the separate CA Secret's, or the client API Secret's own ca.crt. */}}
+{{- define "conveyor.tls.clientCaFile" -}}
+{{- if .Values.tls.clientApi.clientCaSecretName }}
+{{- printf "%s/ca.crt" (include "conveyor.tls.clientCaDir" .) }}
+{{- else }}
+{{- printf "%s/ca.crt" (include "conveyor.tls.clientApiDir" .) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when a component serves TLS on its gRPC port, so its probes need the plaintext health port. */}}
+{{- define "conveyor.scheduler.healthPortOn" -}}
+{{- if .Values.tls.clientApi.enabled }}true{{ end }}
+{{- end }}
+{{- define "conveyor.worker.healthPortOn" -}}
+{{- if .Values.tls.internal.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+A Secret as a read-only volume with only the keys listed; call with
+(dict "name" <volume> "secret" <Secret name> "items" (list (list <key> <file>) ...)).
+Mode 0440 (288): the kubelet makes the files root-owned with the pod's fsGroup as group,
+so the non-root UID reads them through that group and nobody else can. Listing the keys
+makes a Secret without one fail the mount with a clear event instead of a missing file.
+*/}}
+{{- define "conveyor.secretVolume" -}}
+- name: {{ .name }}
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 288
+    items:
+      {{- range .items }}
+      - key: {{ index . 0 | quote }}
+        path: {{ index . 1 }}
+      {{- end }}
+{{- end }}
+
+{{- define "conveyor.validateSecurity" -}}
+{{- $client := .Values.tls.clientApi }}
+{{- $internal := .Values.tls.internal }}
+{{- $auth := .Values.auth }}
+{{- if and $client.enabled (not $client.secretName) }}
+{{- fail "tls.clientApi.secretName is required when tls.clientApi.enabled is true (a kubernetes.io/tls Secret with tls.crt and tls.key, as cert-manager writes it)" }}
+{{- end }}
+{{- if and $client.requireClientCert (not $client.enabled) }}
+{{- fail "tls.clientApi.requireClientCert needs tls.clientApi.enabled: client certificates are checked in the TLS handshake" }}
+{{- end }}
+{{- if and $client.clientCaSecretName (not $client.requireClientCert) }}
+{{- fail "tls.clientApi.clientCaSecretName is only used with tls.clientApi.requireClientCert: set it, or drop the CA Secret" }}
+{{- end }}
+{{- if and $internal.enabled (not (and $internal.schedulerSecretName $internal.workerSecretName)) }}
+{{- fail "tls.internal.enabled needs both tls.internal.schedulerSecretName and tls.internal.workerSecretName: mTLS between the scheduler and the workers needs a certificate on each side" }}
+{{- end }}
+{{- if and (or $client.enabled $internal.enabled) (lt (int .Values.tls.refreshSeconds) 1) }}
+{{- fail "tls.refreshSeconds must be at least 1 (seconds between re-reads of the certificate files)" }}
+{{- end }}
+{{- if not (regexMatch "^[-._a-zA-Z0-9]+$" (toString $auth.tokensKey)) }}
+{{- fail (printf "auth.tokensKey must be a Secret key (letters, digits, '-', '_', '.'), not %q" (toString $auth.tokensKey)) }}
+{{- end }}
+{{- if lt (int $auth.maxConcurrentPerToken) 0 }}
+{{- fail "auth.maxConcurrentPerToken must not be negative (0 = no limit)" }}
+{{- end }}
+{{- if and (gt (int $auth.maxConcurrentPerToken) 0) (not $auth.tokensSecretName) }}
+{{- fail "auth.maxConcurrentPerToken needs auth.tokensSecretName: the limit is per bearer token" }}
+{{- end }}
+{{- range $who := list "scheduler" "worker" }}
+{{- $v := index $.Values $who }}
+{{- if include (printf "conveyor.%s.healthPortOn" $who) $ }}
+{{- $port := int $v.healthPort }}
+{{- if or (lt $port 1) (gt $port 65535) (eq $port (int $v.grpcPort)) (eq $port (int $v.metricsPort)) }}
+{{- fail (printf "%s.healthPort must be a port (1-65535) other than %s.grpcPort and %s.metricsPort: with TLS on, the probes use this plaintext health-only port (got %d)" $who $who $who $port) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (or $client.enabled $internal.enabled $auth.tokensSecretName) (not (dig "fsGroup" nil (.Values.podSecurityContext | default dict))) }}
+{{- fail "podSecurityContext.fsGroup must be set when TLS or tokens are on: the mounted Secret files are mode 0440, root-owned, and readable by the pods' non-root user only through that group" }}
+{{- end }}
+{{- end }}
