@@ -57,7 +57,12 @@ struct Options {
   std::string model_dir;
   int threads = 0;
   bool quick = false;
+  kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32;
 };
+
+// How the worker stores linear weights (--weight_dtype), and the same for the GEMM
+// replays and ceilings, so every ratio compares like with like.
+kernels::GemmWeightType g_weight_type = kernels::GemmWeightType::kF32;
 
 // Repetition counts; --quick trades precision for a shorter run.
 struct Effort {
@@ -199,8 +204,20 @@ struct Gemm {
   int n = 0;                // Output features.
   int k = 0;                // Input features.
   AlignedFloats row_major;  // [n, k], for OpenBLAS.
-  AlignedFloats packed;     // PackGemmWeight layout, for GemmPacked.
+  AlignedFloats panels;     // PackGemmWeightAs layout (g_weight_type), for GemmPacked.
+  AlignedFloats scales;
+  kernels::PackedGemmWeight packed;
 };
+
+// Allocates and packs `g.row_major` as g_weight_type.
+void PackTyped(Gemm* g) {
+  g->panels = AllocateFloats(kernels::PackedGemmPanelBytes(g_weight_type, g->n, g->k) / 4 + 1);
+  g->scales = AllocateFloats(kernels::PackedGemmScaleBytes(g_weight_type, g->n) / 4 + 1);
+  g->packed.panels = g->panels.get();
+  g->packed.scales =
+      kernels::PackedGemmScaleBytes(g_weight_type, g->n) > 0 ? g->scales.get() : nullptr;
+  kernels::PackGemmWeightAs(g_weight_type, g->row_major.get(), g->n, g->k, &g->packed);
+}
 
 // Every linear layer of the model, with random weights in both layouts, so OpenBLAS and
 // GemmPacked run the model's shapes over as many distinct bytes as a forward pass
@@ -256,15 +273,17 @@ class ForwardGemms {
 
  private:
   static Gemm Make(int n, int k, uint64_t seed) {
-    Gemm g{n, k, AllocateFloats(static_cast<size_t>(n) * k),
-           AllocateFloats(kernels::PackedGemmWeightBytes(n, k) / sizeof(float))};
+    Gemm g;
+    g.n = n;
+    g.k = k;
+    g.row_major = AllocateFloats(static_cast<size_t>(n) * k);
     FillRandom(g.row_major.get(), static_cast<size_t>(n) * k, seed, 0.05f);
-    kernels::PackGemmWeight(g.row_major.get(), n, k, g.packed.get());
+    PackTyped(&g);
     return g;
   }
 
   void Ours(const Gemm& g, int m, kernels::ThreadPool* pool) {
-    kernels::GemmPacked(x_.get(), g.k, m, g.packed.get(), g.n, g.k, nullptr, y_.get(), g.n, pool);
+    kernels::GemmPackedAs(x_.get(), g.k, m, g.packed, nullptr, y_.get(), g.n, pool);
   }
 
   std::vector<Gemm> layers_;
@@ -276,27 +295,26 @@ class ForwardGemms {
 struct SquareGemm {
   static constexpr int kSize = 1024;
   AlignedFloats a = AllocateFloats(kSize * kSize);
-  AlignedFloats b = AllocateFloats(kSize * kSize);
-  AlignedFloats packed =
-      AllocateFloats(kernels::PackedGemmWeightBytes(kSize, kSize) / sizeof(float));
+  Gemm b;
   AlignedFloats c = AllocateFloats(kSize * kSize);
 
   SquareGemm() {
     FillRandom(a.get(), kSize * kSize, 100, 1.0f);
-    FillRandom(b.get(), kSize * kSize, 101, 0.05f);
-    kernels::PackGemmWeight(b.get(), kSize, kSize, packed.get());
+    b.n = b.k = kSize;
+    b.row_major = AllocateFloats(kSize * kSize);
+    FillRandom(b.row_major.get(), kSize * kSize, 101, 0.05f);
+    PackTyped(&b);
   }
   static double Gflops(double seconds) { return 2.0 * kSize * kSize * kSize / seconds / 1e9; }
   double Ours(int reps, kernels::ThreadPool* pool) {
     return Gflops(BestSeconds(reps, [&] {
-      kernels::GemmPacked(a.get(), kSize, kSize, packed.get(), kSize, kSize, nullptr, c.get(),
-                          kSize, pool);
+      kernels::GemmPackedAs(a.get(), kSize, kSize, b.packed, nullptr, c.get(), kSize, pool);
     }));
   }
   double OpenBlas(int reps) {
     return Gflops(BestSeconds(reps, [&] {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kSize, kSize, kSize, 1.0f, a.get(),
-                  kSize, b.get(), kSize, 0.0f, c.get(), kSize);
+                  kSize, b.row_major.get(), kSize, 0.0f, c.get(), kSize);
     }));
   }
 };
@@ -328,8 +346,8 @@ struct Sequence {
 // StepRequests like a scheduler's.
 class Worker {
  public:
-  Worker(const std::string& model_dir, int threads, int num_blocks)
-      : backend_(kernels::MakeCpuBackend(threads)) {
+  Worker(const std::string& model_dir, int threads, int num_blocks, kernels::CpuWeightDtype weights)
+      : backend_(kernels::MakeCpuBackend(threads, weights)) {
     const auto start = Clock::now();
     model_ = OrDie(model::LlamaModel::Load(model_dir, backend_.get()), "loading the model");
     load_seconds_ = SecondsSince(start);
@@ -568,13 +586,15 @@ std::vector<PhaseResult> MeasureDecode(Worker* w, ForwardGemms* gemms, kernels::
 double DecodeWeightBytes(const ModelConfig& c) {
   const int q_dim = c.num_attention_heads * c.head_dim;
   const int kv_dim = c.num_kv_heads * c.head_dim;
-  double bytes = static_cast<double>(kernels::PackedGemmWeightBytes(c.vocab_size, c.hidden_size));
+  auto packed = [](int n, int k) {
+    return static_cast<double>(kernels::PackedGemmPanelBytes(g_weight_type, n, k) +
+                               kernels::PackedGemmScaleBytes(g_weight_type, n));
+  };
+  double bytes = packed(c.vocab_size, c.hidden_size);
   bytes +=
       c.num_layers *
-      static_cast<double>(kernels::PackedGemmWeightBytes(q_dim + 2 * kv_dim, c.hidden_size) +
-                          kernels::PackedGemmWeightBytes(c.hidden_size, q_dim) +
-                          kernels::PackedGemmWeightBytes(2 * c.intermediate_size, c.hidden_size) +
-                          kernels::PackedGemmWeightBytes(c.hidden_size, c.intermediate_size));
+      (packed(q_dim + 2 * kv_dim, c.hidden_size) + packed(c.hidden_size, q_dim) +
+       packed(2 * c.intermediate_size, c.hidden_size) + packed(c.hidden_size, c.intermediate_size));
   bytes += (2.0 * c.num_layers + 1) * c.hidden_size * sizeof(float);
   return bytes;
 }
@@ -604,6 +624,18 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       const char* v = value();
       if (v == nullptr) return false;
       o->model_dir = v;
+    } else if (arg == "--weight_dtype") {
+      const char* v = value();
+      const std::string name = v == nullptr ? "" : v;
+      if (name == "f32") {
+        o->weights = kernels::CpuWeightDtype::kF32;
+      } else if (name == "bf16") {
+        o->weights = kernels::CpuWeightDtype::kBf16;
+      } else if (name == "int8") {
+        o->weights = kernels::CpuWeightDtype::kInt8;
+      } else {
+        return false;
+      }
     } else if (arg == "--threads") {
       const char* v = value();
       if (v == nullptr || std::atoi(v) < 1) return false;
@@ -619,20 +651,25 @@ int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, &opt)) {
     std::fprintf(stderr,
-                 "usage: worker_bench --model DIR [--threads N] [--quick]\n"
+                 "usage: worker_bench --model DIR [--threads N] [--weight_dtype T] [--quick]\n"
                  "  --model DIR  checkpoint (e.g. the `small` test model)\n"
                  "  --threads N  worker, GEMM and OpenBLAS threads (default: all cores)\n"
+                 "  --weight_dtype f32|bf16|int8  how the worker stores weights (f32)\n"
                  "  --quick      fewer repetitions (noisier)\n");
     return 2;
   }
   if (opt.threads == 0) opt.threads = std::max(1u, std::thread::hardware_concurrency());
+  g_weight_type = opt.weights == kernels::CpuWeightDtype::kBf16   ? kernels::GemmWeightType::kBf16
+                  : opt.weights == kernels::CpuWeightDtype::kInt8 ? kernels::GemmWeightType::kInt8
+                                                                  : kernels::GemmWeightType::kF32;
   const Effort e = opt.quick ? Effort{3, 2, 2, 8, false} : Effort{5, 3, 3, 32, true};
 
   const double load_before = LoadAverage();
   const auto run_start = Clock::now();
   Progress("loading the model");
   const int decode_blocks = kDecodeBatches[0] * ((DecodeCapacity(e) + kBlockSize - 1) / kBlockSize);
-  Worker w(opt.model_dir, opt.threads, std::max(decode_blocks, 4 * kPrefillTokens / kBlockSize));
+  Worker w(opt.model_dir, opt.threads, std::max(decode_blocks, 4 * kPrefillTokens / kBlockSize),
+           opt.weights);
   const ModelConfig& c = w.config();
   kernels::ThreadPool pool(opt.threads);
 
@@ -689,7 +726,8 @@ int Main(int argc, char** argv) {
   std::printf("  memory read bandwidth, %zu MiB sum       %8.1f GB/s (best of %d passes)\n",
               kBandwidthBytes >> 20, bandwidth_gbs, e.bandwidth_passes);
   std::printf("  ThreadPool::ParallelFor, empty job         %8.1f us/call\n", dispatch_us);
-  std::printf("  %-40s %10s %12s\n", "sgemm GFLOP/s", "OpenBLAS", "GemmPacked");
+  std::printf("  %-40s %10s %12s\n", "sgemm GFLOP/s", "OpenBLAS",
+              (std::string("GemmPacked ") + kernels::GemmWeightTypeName(g_weight_type)).c_str());
   std::printf("  %-40s %10.1f %12.1f\n", "1024^3", blas_square, ours_square);
   for (int m : ceiling_rows) {
     const std::string label =
@@ -697,8 +735,11 @@ int Main(int argc, char** argv) {
     std::printf("  %-40s %10.1f %12.1f\n", label.c_str(), blas_gflops[m], ours_gflops[m]);
   }
   const double weight_bytes = DecodeWeightBytes(c);
+  const double bytes_per_weight = static_cast<double>(kernels::PackedGemmPanelBytes(
+                                      g_weight_type, kernels::kGemmPanelWidth, 1)) /
+                                  kernels::kGemmPanelWidth;
   std::printf("  (at M=1 that is %.1f GB/s of weights for OpenBLAS, %.1f GB/s for GemmPacked)\n",
-              blas_gflops[1] / 2.0 * sizeof(float), ours_gflops[1] / 2.0 * sizeof(float));
+              blas_gflops[1] / 2.0 * sizeof(float), ours_gflops[1] / 2.0 * bytes_per_weight);
 
   std::printf("\nWorker, StepEngine::Step (prefill: best of %d; decode: median of %d steps)\n",
               e.prefill_reps, e.decode_steps);

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/model_config.h"
 #include "kernels/backend.h"
 #include "model/communicator.h"
 #include "model/device_sampler.h"
@@ -30,8 +31,11 @@ class Device {
   // "cpu" or "cuda".
   virtual std::string_view name() const = 0;
 
-  // A new backend on this device. The worker makes one per model it loads.
-  virtual absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend() = 0;
+  // A new backend on this device for `model` (its config.json, as the checkpoint
+  // declares it: the CPU device stores weights in a dtype chosen from it). The worker
+  // makes one per model it loads.
+  virtual absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
+      const ModelConfig& model) = 0;
 
   // A fresh collective id for a tensor-parallel group whose rank 0 runs in this
   // process. Whatever the rendezvous needs (a store, a bootstrap thread) is kept until

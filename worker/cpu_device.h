@@ -7,13 +7,29 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "common/grpc_tls.h"
 #include "model/device.h"
 
 namespace conveyor::worker {
 
+// --cpu_weight_dtype: how linear-layer weights are stored (docs/cpu-weights.md).
+enum class CpuWeightChoice {
+  kAuto,  // bf16 for a bf16/f16 checkpoint on a CPU with AVX512-BF16 or AMX-BF16, else f32.
+  kF32,
+  kBf16,
+  kInt8,
+};
+
+// Parses "auto", "f32", "bf16" or "int8".
+absl::StatusOr<CpuWeightChoice> ParseCpuWeightChoice(std::string_view name);
+
+// The dtype `choice` means for a checkpoint declaring `torch_dtype` on this CPU.
+kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice, std::string_view torch_dtype);
+
 struct CpuDeviceOptions {
   int num_threads = 0;  // Compute threads; 0: one per core.
+  CpuWeightChoice weights = CpuWeightChoice::kF32;
   // Address the other ranks reach this one at for collectives (the rendezvous store and
   // Gloo's TCP pairs).
   std::string collective_host = "127.0.0.1";

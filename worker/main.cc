@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_servers.h"
 #include "common/grpc_tls.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "model/cuda/cuda_device.h"
@@ -38,6 +39,10 @@ ABSL_FLAG(bool, cuda_graphs, false,
           "cuda: replay CUDA graphs for decode-only steps (captured per padded batch size "
           "and block-table width on first use); cuts kernel-launch cost at small batches.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses one per core.");
+ABSL_FLAG(std::string, cpu_weight_dtype, "auto",
+          "cpu: how linear-layer weights are stored: f32, bf16 (half the bytes), int8 "
+          "(weight-only, per-channel scales: a quarter), or auto (bf16 for a bf16/f16 "
+          "checkpoint on a CPU with AVX512-BF16 or AMX, else f32).");
 ABSL_FLAG(std::string, collective_host, "",
           "Address the other tensor-parallel ranks reach this one at (cpu: Gloo's rendezvous "
           "store and TCP pairs). Empty: --host, or this machine's hostname when --host is "
@@ -106,6 +111,8 @@ absl::StatusOr<std::unique_ptr<conveyor::model::Device>> MakeDevice(const std::s
   if (name == "cpu") {
     conveyor::worker::CpuDeviceOptions cpu;
     cpu.num_threads = absl::GetFlag(FLAGS_threads);
+    ASSIGN_OR_RETURN(cpu.weights,
+                     conveyor::worker::ParseCpuWeightChoice(absl::GetFlag(FLAGS_cpu_weight_dtype)));
     cpu.collective_host = CollectiveHost();
     cpu.tls = TlsFilesFromFlags();
     return conveyor::worker::MakeCpuDevice(cpu);

@@ -97,7 +97,8 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   }
 
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, device_->MakeBackend());
+  ASSIGN_OR_RETURN(const ModelConfig checkpoint, LoadModelConfig(request.model_path()));
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, device_->MakeBackend(checkpoint));
   absl::StatusOr<std::unique_ptr<model::Communicator>> comm =
       device_->Connect(request.collective_id(), request.tp_rank(), world, backend.get(), deadline);
   if (request.tp_rank() == 0) {

@@ -1,7 +1,7 @@
 // The CPU backend: fp32 activations in host memory, GEMM through the batch-invariant
-// packed kernel (gemm.h), attention through tiled kernels (attention.h), everything
-// else as per-token row kernels (row_kernels.h) or row copies split over a thread pool
-// by rows. Each token's result is computed by one thread in a fixed order, so it does
+// packed kernel (gemm.h) over f32, bf16 or int8 weights, attention through tiled kernels
+// (attention.h), everything else as per-token row kernels (row_kernels.h) or row copies split over
+// a thread pool by rows. Each token's result is computed by one thread in a fixed order, so it does
 // not depend on the batch around it.
 #include <algorithm>
 #include <cstdlib>
@@ -29,26 +29,43 @@ int64_t RowGrain(int64_t row_floats) {
 
 class CpuLinearWeight final : public LinearWeight {
  public:
-  CpuLinearWeight(int out, int in, float* packed, float* bias)
-      : out_(out), in_(in), packed_(packed), bias_(bias) {}
+  // Takes ownership of the panels, scales and bias (std::free'd).
+  CpuLinearWeight(PackedGemmWeight packed, float* bias) : packed_(packed), bias_(bias) {}
   ~CpuLinearWeight() override {
-    std::free(packed_);
+    std::free(packed_.panels);
+    std::free(packed_.scales);
     std::free(bias_);
   }
-  int out_features() const override { return out_; }
-  int in_features() const override { return in_; }
+  int out_features() const override { return packed_.n; }
+  int in_features() const override { return packed_.k; }
   size_t size_bytes() const override {
-    return PackedGemmWeightBytes(out_, in_) + (bias_ != nullptr ? out_ * sizeof(float) : 0);
+    return PackedGemmPanelBytes(packed_.type, packed_.n, packed_.k) +
+           PackedGemmScaleBytes(packed_.type, packed_.n) +
+           (bias_ != nullptr ? packed_.n * sizeof(float) : 0);
   }
-  const float* packed() const { return packed_; }
+  const PackedGemmWeight& packed() const { return packed_; }
   const float* bias() const { return bias_; }
 
  private:
-  int out_;
-  int in_;
-  float* packed_;
+  PackedGemmWeight packed_;
   float* bias_;  // Null when the layer has none.
 };
+
+GemmWeightType ToGemmType(CpuWeightDtype dtype) {
+  switch (dtype) {
+    case CpuWeightDtype::kBf16:
+      return GemmWeightType::kBf16;
+    case CpuWeightDtype::kInt8:
+      return GemmWeightType::kInt8;
+    case CpuWeightDtype::kF32:
+    default:
+      return GemmWeightType::kF32;
+  }
+}
+
+void* AlignedBytes(size_t bytes) {
+  return std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+}
 
 float* AlignedFloats(size_t count) {
   const size_t bytes = std::max<size_t>(64, (count * sizeof(float) + 63) / 64 * 64);
@@ -57,10 +74,12 @@ float* AlignedFloats(size_t count) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads) : pool_(num_threads) {}
+  CpuBackend(int num_threads, CpuWeightDtype weights)
+      : weight_type_(ToGemmType(weights)), pool_(num_threads) {}
 
   std::string name() const override {
-    return absl::StrCat("cpu(", GemmKernelName(), ", ", pool_.num_threads(), " threads)");
+    return absl::StrCat("cpu(", GemmKernelName(), ", ", GemmWeightTypeName(weight_type_),
+                        " weights, ", pool_.num_threads(), " threads)");
   }
   size_t activation_bytes() const override { return sizeof(float); }
 
@@ -85,17 +104,22 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinear(const float* weight, int out, int in,
                                                            const float* bias) override {
-    float* packed = AlignedFloats(PackedGemmWeightBytes(out, in) / sizeof(float));
+    PackedGemmWeight packed;
+    packed.panels = AlignedBytes(PackedGemmPanelBytes(weight_type_, out, in));
+    const size_t scale_bytes = PackedGemmScaleBytes(weight_type_, out);
+    packed.scales = scale_bytes > 0 ? static_cast<float*>(AlignedBytes(scale_bytes)) : nullptr;
     float* bias_copy = bias != nullptr ? AlignedFloats(out) : nullptr;
-    if (packed == nullptr || (bias != nullptr && bias_copy == nullptr)) {
-      std::free(packed);
+    if (packed.panels == nullptr || (scale_bytes > 0 && packed.scales == nullptr) ||
+        (bias != nullptr && bias_copy == nullptr)) {
+      std::free(packed.panels);
+      std::free(packed.scales);
       std::free(bias_copy);
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate a ", out, "x", in, " weight"));
     }
-    PackGemmWeight(weight, out, in, packed);
+    PackGemmWeightAs(weight_type_, weight, out, in, &packed);
     if (bias != nullptr) std::memcpy(bias_copy, bias, out * sizeof(float));
-    return std::make_unique<CpuLinearWeight>(out, in, packed, bias_copy);
+    return std::make_unique<CpuLinearWeight>(packed, bias_copy);
   }
 
   // Compute dtype is float32, so both uploads are plain copies.
@@ -141,8 +165,8 @@ class CpuBackend final : public Backend {
 
   void Linear(const void* x, int n, const LinearWeight& weight, void* out) override {
     const auto& w = static_cast<const CpuLinearWeight&>(weight);
-    GemmPacked(static_cast<const float*>(x), w.in_features(), n, w.packed(), w.out_features(),
-               w.in_features(), w.bias(), static_cast<float*>(out), w.out_features(), &pool_);
+    GemmPackedAs(static_cast<const float*>(x), w.in_features(), n, w.packed(), w.bias(),
+                 static_cast<float*>(out), w.out_features(), &pool_);
   }
 
   void Rope(void* q, void* k, int n, int row_stride, const int32_t* positions,
@@ -213,13 +237,14 @@ class CpuBackend final : public Backend {
   }
 
   const internal::RowKernels& row_kernels_ = internal::RowKernelsForCpu();
+  const GemmWeightType weight_type_;
   ThreadPool pool_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(int num_threads) {
-  return std::make_unique<CpuBackend>(num_threads);
+std::unique_ptr<Backend> MakeCpuBackend(int num_threads, CpuWeightDtype weights) {
+  return std::make_unique<CpuBackend>(num_threads, weights);
 }
 
 }  // namespace conveyor::kernels

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu/gemm_kernels.h"
@@ -11,59 +12,195 @@
 namespace conveyor::kernels {
 namespace internal {
 
-// Ignores the prefetch hint: a CPU without AVX-512 has other bottlenecks.
-void GemmPanelPortable(const float* x, int ldx, int m, const float* panel, int k, const float* bias,
-                       float* y, int ldy, int cols, const float* prefetch, int prefetch_lines) {
+uint16_t ToBf16(float f) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // Round to nearest, ties to even.
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float FromBf16(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f = 0;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+namespace {
+
+// The portable kernels: one FMA chain per output over k, as the AVX-512 ones, so both
+// give the same bits. They ignore the prefetch hint: a CPU without AVX-512 has other
+// bottlenecks.
+template <typename Widen>
+void PortablePanel(const float* x, int ldx, int m, int k, const float* scales, const float* bias,
+                   float* y, int ldy, int cols, Widen widen) {
   for (int r = 0; r < m; ++r) {
     for (int j = 0; j < cols; ++j) {
       float acc = 0.0f;
       for (int i = 0; i < k; ++i)
-        acc = std::fma(x[r * ldx + i], panel[i * kGemmPanelWidth + j], acc);
+        acc = std::fma(x[r * ldx + i], widen(i * kGemmPanelWidth + j), acc);
+      if (scales != nullptr) acc = acc * scales[j];
       y[static_cast<long>(r) * ldy + j] = bias != nullptr ? acc + bias[j] : acc;
     }
   }
+}
+
+}  // namespace
+
+void GemmPanelPortable(const float* x, int ldx, int m, const void* panel, const float*, int k,
+                       const float* bias, float* y, int ldy, int cols, const void*, int) {
+  const auto* w = static_cast<const float*>(panel);
+  PortablePanel(x, ldx, m, k, nullptr, bias, y, ldy, cols, [w](int i) { return w[i]; });
+}
+
+void GemmPanelBf16Portable(const float* x, int ldx, int m, const void* panel, const float*, int k,
+                           const float* bias, float* y, int ldy, int cols, const void*, int) {
+  const auto* w = static_cast<const uint16_t*>(panel);
+  PortablePanel(x, ldx, m, k, nullptr, bias, y, ldy, cols, [w](int i) { return FromBf16(w[i]); });
+}
+
+void GemmPanelInt8Portable(const float* x, int ldx, int m, const void* panel, const float* scales,
+                           int k, const float* bias, float* y, int ldy, int cols, const void*,
+                           int) {
+  const auto* w = static_cast<const int8_t*>(panel);
+  PortablePanel(x, ldx, m, k, scales, bias, y, ldy, cols,
+                [w](int i) { return static_cast<float>(w[i]); });
 }
 
 }  // namespace internal
 
 namespace {
 
-internal::GemmPanelKernel SelectKernel() {
-  return __builtin_cpu_supports("avx512f") ? internal::GemmPanelAvx512
-                                           : internal::GemmPanelPortable;
+using internal::GemmPanelKernel;
+
+struct Kernels {
+  GemmPanelKernel f32, bf16, int8;
+  const char* name;
+};
+
+// AVX-512F where the CPU has it, unless CONVEYOR_CPU_ISA=portable asks for the fallback
+// (so CI exercises both on one machine).
+Kernels SelectKernels() {
+  const char* forced = std::getenv("CONVEYOR_CPU_ISA");
+  const bool portable = forced != nullptr && std::strcmp(forced, "portable") == 0;
+  if (!portable && __builtin_cpu_supports("avx512f")) {
+    return {internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512, internal::GemmPanelInt8Avx512,
+            "avx512"};
+  }
+  return {internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
+          internal::GemmPanelInt8Portable, "portable"};
 }
 
-const internal::GemmPanelKernel kKernel = SelectKernel();
+const Kernels& CpuKernels() {
+  static const Kernels kernels = SelectKernels();
+  return kernels;
+}
 
 int NumPanels(int n) { return (n + kGemmPanelWidth - 1) / kGemmPanelWidth; }
 
-}  // namespace
-
-const char* GemmKernelName() {
-  return kKernel == internal::GemmPanelAvx512 ? "avx512" : "portable";
+size_t ElementBytes(GemmWeightType type) {
+  switch (type) {
+    case GemmWeightType::kBf16:
+      return 2;
+    case GemmWeightType::kInt8:
+      return 1;
+    case GemmWeightType::kF32:
+    default:
+      return 4;
+  }
 }
 
-size_t PackedGemmWeightBytes(int n, int k) {
-  return static_cast<size_t>(NumPanels(n)) * k * kGemmPanelWidth * sizeof(float);
-}
-
-void PackGemmWeight(const float* w, int n, int k, float* packed) {
+// Writes each panel's elements k-major ([k][32]), columns past n as zero.
+template <typename T, typename Convert>
+void PackPanels(const float* w, int n, int k, T* packed, Convert convert) {
   for (int p = 0; p < NumPanels(n); ++p) {
-    float* panel = packed + static_cast<size_t>(p) * k * kGemmPanelWidth;
+    T* panel = packed + static_cast<size_t>(p) * k * kGemmPanelWidth;
     for (int i = 0; i < k; ++i) {
       for (int j = 0; j < kGemmPanelWidth; ++j) {
         const int col = p * kGemmPanelWidth + j;
-        panel[i * kGemmPanelWidth + j] = col < n ? w[static_cast<size_t>(col) * k + i] : 0.0f;
+        panel[i * kGemmPanelWidth + j] =
+            col < n ? convert(col, w[static_cast<size_t>(col) * k + i]) : T{0};
       }
     }
   }
 }
 
-void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int k,
-                const float* bias, float* y, int ldy, ThreadPool* pool) {
+}  // namespace
+
+const char* GemmKernelName() { return CpuKernels().name; }
+
+const char* GemmWeightTypeName(GemmWeightType type) {
+  switch (type) {
+    case GemmWeightType::kBf16:
+      return "bf16";
+    case GemmWeightType::kInt8:
+      return "int8";
+    case GemmWeightType::kF32:
+    default:
+      return "f32";
+  }
+}
+
+size_t PackedGemmPanelBytes(GemmWeightType type, int n, int k) {
+  return static_cast<size_t>(NumPanels(n)) * k * kGemmPanelWidth * ElementBytes(type);
+}
+
+size_t PackedGemmScaleBytes(GemmWeightType type, int n) {
+  return type == GemmWeightType::kInt8 ? NumPanels(n) * kGemmPanelWidth * sizeof(float) : 0;
+}
+
+size_t PackedGemmWeightBytes(int n, int k) {
+  return PackedGemmPanelBytes(GemmWeightType::kF32, n, k);
+}
+
+void PackGemmWeightAs(GemmWeightType type, const float* w, int n, int k, PackedGemmWeight* out) {
+  out->type = type;
+  out->n = n;
+  out->k = k;
+  switch (type) {
+    case GemmWeightType::kF32:
+      PackPanels(w, n, k, static_cast<float*>(out->panels), [](int, float v) { return v; });
+      return;
+    case GemmWeightType::kBf16:
+      PackPanels(w, n, k, static_cast<uint16_t*>(out->panels),
+                 [](int, float v) { return internal::ToBf16(v); });
+      return;
+    case GemmWeightType::kInt8: {
+      // One scale per output column: its largest magnitude maps to 127.
+      for (int col = 0; col < NumPanels(n) * kGemmPanelWidth; ++col) {
+        float most = 0.0f;
+        if (col < n) {
+          for (int i = 0; i < k; ++i)
+            most = std::max(most, std::fabs(w[static_cast<size_t>(col) * k + i]));
+        }
+        out->scales[col] = most > 0.0f ? most / 127.0f : 1.0f;
+      }
+      const float* scales = out->scales;
+      PackPanels(w, n, k, static_cast<int8_t*>(out->panels), [scales](int col, float v) {
+        return static_cast<int8_t>(std::clamp(std::nearbyint(v / scales[col]), -127.0f, 127.0f));
+      });
+      return;
+    }
+  }
+}
+
+void PackGemmWeight(const float* w, int n, int k, float* packed) {
+  PackedGemmWeight out;
+  out.panels = packed;
+  PackGemmWeightAs(GemmWeightType::kF32, w, n, k, &out);
+}
+
+void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, const float* bias,
+                  float* y, int ldy, ThreadPool* pool) {
+  const int n = w.n, k = w.k;
+  const Kernels& kernels = CpuKernels();
+  const GemmPanelKernel kernel = w.type == GemmWeightType::kBf16   ? kernels.bf16
+                                 : w.type == GemmWeightType::kInt8 ? kernels.int8
+                                                                   : kernels.f32;
+  const char* panels = static_cast<const char*>(w.panels);
   const int num_panels = NumPanels(n);
-  const size_t panel_floats = static_cast<size_t>(k) * kGemmPanelWidth;
-  const size_t panel_bytes = panel_floats * sizeof(float);
+  const size_t panel_bytes = static_cast<size_t>(k) * kGemmPanelWidth * ElementBytes(w.type);
   // Panels a thread takes at once: enough to stay in L2 while every row tile of X
   // passes over them.
   int64_t panels_per_chunk = std::max<int64_t>(1, static_cast<int64_t>((512u << 10) / panel_bytes));
@@ -85,10 +222,10 @@ void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int 
   auto run_chunk = [&](int64_t chunk, int64_t next) {
     const int64_t p_begin = chunk * panels_per_chunk;
     const int64_t p_end = p_begin + chunk_panels(chunk);
-    const float* prefetch = nullptr;
+    const char* prefetch = nullptr;
     int64_t prefetch_lines = 0, lines_per_call = 0;
     if (next < num_chunks && row_tiles > 1) {
-      prefetch = packed + static_cast<size_t>(next * panels_per_chunk) * panel_floats;
+      prefetch = panels + static_cast<size_t>(next * panels_per_chunk) * panel_bytes;
       prefetch_lines = static_cast<int64_t>(chunk_panels(next) * panel_bytes / 64);
       // At least a line per two k steps, so that with many row tiles the prefetch is done
       // in the first few and the rest run the kernel's plain loop.
@@ -100,11 +237,12 @@ void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int 
       for (int64_t p = p_begin; p < p_end; ++p) {
         const int col = static_cast<int>(p) * kGemmPanelWidth;
         const int lines = r == 0 ? 0 : static_cast<int>(std::min(lines_per_call, prefetch_lines));
-        kKernel(x + static_cast<size_t>(r) * ldx, ldx, rows,
-                packed + static_cast<size_t>(p) * panel_floats, k,
-                bias != nullptr ? bias + col : nullptr, y + static_cast<size_t>(r) * ldy + col, ldy,
-                std::min(kGemmPanelWidth, n - col), prefetch, lines);
-        prefetch += static_cast<size_t>(lines) * (64 / sizeof(float));
+        kernel(x + static_cast<size_t>(r) * ldx, ldx, rows,
+               panels + static_cast<size_t>(p) * panel_bytes,
+               w.scales != nullptr ? w.scales + col : nullptr, k,
+               bias != nullptr ? bias + col : nullptr, y + static_cast<size_t>(r) * ldy + col, ldy,
+               std::min(kGemmPanelWidth, n - col), prefetch, lines);
+        prefetch += static_cast<size_t>(lines) * 64;
         prefetch_lines -= lines;
       }
     }
@@ -126,6 +264,15 @@ void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int 
   } else {
     pool->ParallelFor(std::min<int64_t>(num_chunks, pool->num_threads()), 1, run);
   }
+}
+
+void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int k,
+                const float* bias, float* y, int ldy, ThreadPool* pool) {
+  PackedGemmWeight w;
+  w.n = n;
+  w.k = k;
+  w.panels = const_cast<float*>(packed);
+  GemmPackedAs(x, ldx, m, w, bias, y, ldy, pool);
 }
 
 }  // namespace conveyor::kernels

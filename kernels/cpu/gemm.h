@@ -1,5 +1,10 @@
 // Batch-invariant single-precision GEMM for linear layers: Y[m, n] = X[m, k] · Wᵀ + b.
 //
+// W is stored as float32, bfloat16 (half the bytes) or int8 with one float scale per
+// output column (a quarter), and widened to float32 in registers as it is read: the
+// arithmetic is float32 FMA in every case, so the three differ only by how W was rounded
+// (docs/cpu-weights.md says why this beats bf16/int8 dot-product instructions here).
+//
 // Every output element is one fused-multiply-add chain over k = 0, 1, …, K-1 starting
 // from zero, whatever m is, wherever the row sits in X and however many threads run.
 // That makes a token's result independent of the batch it is computed in, which
@@ -30,7 +35,39 @@ void PackGemmWeight(const float* w, int n, int k, float* packed);
 void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int k,
                 const float* bias, float* y, int ldy, ThreadPool* pool);
 
-// Name of the kernel GemmPacked dispatches to on this CPU ("avx512" or "portable").
+// Name of the kernel GemmPacked dispatches to on this CPU ("avx512" or "portable"). The
+// environment variable CONVEYOR_CPU_ISA=portable forces the portable kernels (read once).
 const char* GemmKernelName();
+
+// How a packed weight stores W.
+enum class GemmWeightType {
+  kF32,
+  kBf16,  // Rounded to nearest even (exact for a bf16 checkpoint).
+  kInt8,  // Symmetric per output column: w ≈ q · scale[col], q in [-127, 127].
+};
+
+const char* GemmWeightTypeName(GemmWeightType type);
+
+// A weight packed by PackGemmWeightAs, in panels of kGemmPanelWidth columns × k.
+struct PackedGemmWeight {
+  GemmWeightType type = GemmWeightType::kF32;
+  int n = 0;
+  int k = 0;
+  void* panels = nullptr;   // 64-byte aligned, PackedGemmPanelBytes.
+  float* scales = nullptr;  // kInt8: one per column, padded to whole panels; else null.
+};
+
+// Bytes of the panels and of the scales PackGemmWeightAs writes.
+size_t PackedGemmPanelBytes(GemmWeightType type, int n, int k);
+size_t PackedGemmScaleBytes(GemmWeightType type, int n);
+
+// Packs row-major W [n, k] into `out` (whose panels and scales are allocated with the
+// sizes above; out->type/n/k are set here).
+void PackGemmWeightAs(GemmWeightType type, const float* w, int n, int k, PackedGemmWeight* out);
+
+// GemmPacked for a weight of any type: the same loop, blocking and thread split, so
+// the same batch invariance.
+void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, const float* bias,
+                  float* y, int ldy, ThreadPool* pool);
 
 }  // namespace conveyor::kernels

@@ -1,6 +1,8 @@
 #include "kernels/cpu/gemm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -96,11 +98,139 @@ TEST(GemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
   Packed packed(w, n, k);
   std::vector<float> a(m * n), b(m * n);
   // The AVX-512 kernel also prefetches (here: the panel it reads), which must not matter.
-  internal::GemmPanelAvx512(x.data(), k, m, packed.data, k, bias.data(), a.data(), n, n,
+  internal::GemmPanelAvx512(x.data(), k, m, packed.data, nullptr, k, bias.data(), a.data(), n, n,
                             packed.data, 2 * k);
-  internal::GemmPanelPortable(x.data(), k, m, packed.data, k, bias.data(), b.data(), n, n, nullptr,
-                              0);
+  internal::GemmPanelPortable(x.data(), k, m, packed.data, nullptr, k, bias.data(), b.data(), n, n,
+                              nullptr, 0);
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+// A weight packed as `type`, owning its buffers.
+struct TypedPacked {
+  TypedPacked(GemmWeightType type, const std::vector<float>& w, int n, int k) {
+    weight.panels = std::aligned_alloc(64, PackedGemmPanelBytes(type, n, k));
+    const size_t scale_bytes = PackedGemmScaleBytes(type, n);
+    if (scale_bytes > 0) weight.scales = static_cast<float*>(std::aligned_alloc(64, scale_bytes));
+    PackGemmWeightAs(type, w.data(), n, k, &weight);
+  }
+  ~TypedPacked() {
+    std::free(weight.panels);
+    std::free(weight.scales);
+  }
+  PackedGemmWeight weight;
+};
+
+// W as the packed type holds it: bf16-rounded, or int8 times its column's scale.
+std::vector<double> Dequantized(GemmWeightType type, const std::vector<float>& w, int n, int k) {
+  std::vector<double> out(w.size());
+  for (int c = 0; c < n; ++c) {
+    float most = 0;
+    for (int i = 0; i < k; ++i) most = std::max(most, std::fabs(w[c * k + i]));
+    const float scale = most / 127.0f;
+    for (int i = 0; i < k; ++i) {
+      const float v = w[c * k + i];
+      out[c * k + i] = type == GemmWeightType::kBf16   ? internal::FromBf16(internal::ToBf16(v))
+                       : type == GemmWeightType::kInt8 ? std::nearbyint(v / scale) * double{scale}
+                                                       : v;
+    }
+  }
+  return out;
+}
+
+class TypedGemmTest : public ::testing::TestWithParam<GemmWeightType> {};
+
+// Against a float64 product with the weight as stored: the only error left is the
+// float32 chain's.
+TEST_P(TypedGemmTest, MatchesDoublePrecisionOfTheStoredWeight) {
+  const GemmWeightType type = GetParam();
+  const int m = 19, n = 75, k = 130;
+  auto x = Random(m * k, 11), w = Random(n * k, 12), bias = Random(n, 13);
+  TypedPacked packed(type, w, n, k);
+  const std::vector<double> stored = Dequantized(type, w, n, k);
+  std::vector<float> y(m * n, NAN);
+  ThreadPool pool(2);
+  GemmPackedAs(x.data(), k, m, packed.weight, bias.data(), y.data(), n, &pool);
+  double worst = 0, worst_vs_f32 = 0;
+  for (int r = 0; r < m; ++r) {
+    for (int c = 0; c < n; ++c) {
+      double ref = bias[c], exact = bias[c];
+      for (int i = 0; i < k; ++i) {
+        ref += static_cast<double>(x[r * k + i]) * stored[c * k + i];
+        exact += static_cast<double>(x[r * k + i]) * w[c * k + i];
+      }
+      worst = std::max(worst, std::fabs(y[r * n + c] - ref));
+      worst_vs_f32 = std::max(worst_vs_f32, std::fabs(y[r * n + c] - exact));
+    }
+  }
+  EXPECT_LT(worst, 1e-4) << GemmWeightTypeName(type);
+  // What rounding the weight costs, on values of size ~sqrt(k)/3: bf16 keeps 8 bits of
+  // mantissa, int8 7 bits of the column's largest magnitude.
+  const double rounding_bound = type == GemmWeightType::kF32    ? 1e-4
+                                : type == GemmWeightType::kBf16 ? 0.05
+                                                                : 0.1;
+  EXPECT_LT(worst_vs_f32, rounding_bound) << GemmWeightTypeName(type);
+  std::printf("%s: largest error %.3g against the stored weight, %.3g against float32 W\n",
+              GemmWeightTypeName(type), worst, worst_vs_f32);
+}
+
+TEST_P(TypedGemmTest, RowResultIndependentOfBatchPositionAndThreads) {
+  const GemmWeightType type = GetParam();
+  const int n = 1024 + 7, k = 384;
+  auto w = Random(static_cast<size_t>(n) * k, 14);
+  auto row = Random(k, 15);
+  TypedPacked packed(type, w, n, k);
+  std::vector<float> alone(n);
+  GemmPackedAs(row.data(), k, 1, packed.weight, nullptr, alone.data(), n, nullptr);
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  for (int m : {2, 12, 13, 37, 64}) {
+    for (int pos : {0, m - 1}) {
+      auto x = Random(static_cast<size_t>(m) * k, 200 + m + pos);
+      std::memcpy(x.data() + static_cast<size_t>(pos) * k, row.data(), k * sizeof(float));
+      for (ThreadPool* pool : pools) {
+        std::vector<float> y(static_cast<size_t>(m) * n);
+        GemmPackedAs(x.data(), k, m, packed.weight, nullptr, y.data(), n, pool);
+        ASSERT_EQ(0, std::memcmp(y.data() + static_cast<size_t>(pos) * n, alone.data(),
+                                 n * sizeof(float)))
+            << GemmWeightTypeName(type) << " m=" << m << " pos=" << pos;
+      }
+    }
+  }
+}
+
+// Every instruction path this CPU can run gives the same bits for every weight type.
+TEST_P(TypedGemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "CPU has no AVX-512";
+  const GemmWeightType type = GetParam();
+  const int m = 12, n = 29, k = 301;
+  auto x = Random(m * k, 16), w = Random(n * k, 17), bias = Random(n, 18);
+  TypedPacked packed(type, w, n, k);
+  using internal::GemmPanelKernel;
+  const GemmPanelKernel avx512 = type == GemmWeightType::kBf16   ? internal::GemmPanelBf16Avx512
+                                 : type == GemmWeightType::kInt8 ? internal::GemmPanelInt8Avx512
+                                                                 : internal::GemmPanelAvx512;
+  const GemmPanelKernel portable = type == GemmWeightType::kBf16   ? internal::GemmPanelBf16Portable
+                                   : type == GemmWeightType::kInt8 ? internal::GemmPanelInt8Portable
+                                                                   : internal::GemmPanelPortable;
+  std::vector<float> a(m * n), b(m * n);
+  avx512(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, bias.data(), a.data(), n, n,
+         packed.weight.panels, 2 * k);
+  portable(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, bias.data(), b.data(), n,
+           n, nullptr, 0);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(WeightTypes, TypedGemmTest,
+                         ::testing::Values(GemmWeightType::kF32, GemmWeightType::kBf16,
+                                           GemmWeightType::kInt8),
+                         [](const auto& info) { return GemmWeightTypeName(info.param); });
+
+TEST(GemmTest, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(internal::ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(internal::FromBf16(internal::ToBf16(1.0f + 1.0f / 256)), 1.0f);  // Tie: to even.
+  EXPECT_EQ(internal::FromBf16(internal::ToBf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+  EXPECT_TRUE(std::isnan(internal::FromBf16(internal::ToBf16(NAN))));
+  EXPECT_EQ(internal::FromBf16(internal::ToBf16(-0.0f)), 0.0f);
 }
 
 }  // namespace

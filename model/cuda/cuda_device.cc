@@ -16,7 +16,7 @@ class CudaDevice final : public Device {
 
   std::string_view name() const override { return "cuda"; }
 
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend() override {
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const ModelConfig&) override {
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::CudaBackend> backend,
                      kernels::MakeCudaBackend(options_.device));
     return std::unique_ptr<kernels::Backend>(std::move(backend));

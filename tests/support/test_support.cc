@@ -46,9 +46,10 @@ Reference LoadReference(const std::string& variant) {
 }
 
 std::unique_ptr<LocalWorker> LocalWorker::Create(const std::string& model_dir, int num_threads,
-                                                 int num_blocks, int block_size) {
+                                                 int num_blocks, int block_size,
+                                                 kernels::CpuWeightDtype weights) {
   auto w = std::make_unique<LocalWorker>();
-  w->backend = kernels::MakeCpuBackend(num_threads);
+  w->backend = kernels::MakeCpuBackend(num_threads, weights);
   auto model = model::LlamaModel::Load(model_dir, w->backend.get());
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;

@@ -39,8 +39,9 @@ struct LocalWorker {
   LogitsRecorder logits;  // The engine's logits tap.
 
   // Aborts the test (ASSERT) on failure.
-  static std::unique_ptr<LocalWorker> Create(const std::string& model_dir, int num_threads,
-                                             int num_blocks, int block_size);
+  static std::unique_ptr<LocalWorker> Create(
+      const std::string& model_dir, int num_threads, int num_blocks, int block_size,
+      kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32);
 };
 
 // ‖a − b‖ / ‖b‖.

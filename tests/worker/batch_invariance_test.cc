@@ -1,7 +1,9 @@
 // Batch invariance: a sequence yields the same tokens (and logits within 1e-6) whether it
 // runs alone, with its prompt in one piece, on one thread, or inside mixed batches on
 // two threads: staggered arrivals, prefill split into chunks at arbitrary points next to
-// other sequences' decode tokens, and KV blocks scattered through the cache.
+// other sequences' decode tokens, and KV blocks scattered through the cache. For each way
+// the CPU backend stores weights (f32, bf16, int8), on the instruction path this CPU
+// picks (CI also runs it with CONVEYOR_CPU_ISA=portable).
 #include <algorithm>
 #include <map>
 #include <random>
@@ -60,8 +62,8 @@ void Record(const LogitsRecorder& recorder, const worker::v1::StepResponse& resp
 }
 
 // Each request alone, prompt in one step, one thread.
-Trace RunAlone(const Request& request) {
-  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, kNumBlocks, kBlockSize);
+Trace RunAlone(const Request& request, kernels::CpuWeightDtype weights) {
+  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, kNumBlocks, kBlockSize, weights);
   std::map<uint64_t, Trace> traces;
   worker::v1::StepRequest step;
   auto* seq = step.add_new_sequences();
@@ -85,8 +87,9 @@ Trace RunAlone(const Request& request) {
 
 // All requests through one engine: request i arrives at step 2*i, prompts go in chunks
 // of 1–7 tokens, blocks come from a shuffled free list as they are needed.
-std::map<uint64_t, Trace> RunMixed(const std::vector<Request>& requests, uint32_t seed) {
-  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, kNumBlocks, kBlockSize);
+std::map<uint64_t, Trace> RunMixed(const std::vector<Request>& requests, uint32_t seed,
+                                   kernels::CpuWeightDtype weights) {
+  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, kNumBlocks, kBlockSize, weights);
   std::mt19937 rng(seed);
   std::vector<int32_t> free_blocks(kNumBlocks);
   for (int i = 0; i < kNumBlocks; ++i) free_blocks[i] = i;
@@ -149,14 +152,16 @@ std::map<uint64_t, Trace> RunMixed(const std::vector<Request>& requests, uint32_
   return traces;
 }
 
-TEST(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
-  const auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, 1, kBlockSize);
+class BatchInvarianceTest : public ::testing::TestWithParam<kernels::CpuWeightDtype> {};
+
+TEST_P(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
+  const auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, 1, kBlockSize, GetParam());
   ASSERT_NE(w, nullptr);
   const std::vector<Request> requests = MakeRequests(w->model->config().vocab_size);
   std::vector<Trace> alone;
-  for (const Request& r : requests) alone.push_back(RunAlone(r));
+  for (const Request& r : requests) alone.push_back(RunAlone(r, GetParam()));
   for (uint32_t seed : {1u, 2u, 3u}) {
-    const std::map<uint64_t, Trace> mixed = RunMixed(requests, seed);
+    const std::map<uint64_t, Trace> mixed = RunMixed(requests, seed, GetParam());
     for (size_t i = 0; i < requests.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "request " << i << ", schedule seed " << seed);
       const Trace& m = mixed.at(i);
@@ -172,6 +177,21 @@ TEST(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(WeightDtypes, BatchInvarianceTest,
+                         ::testing::Values(kernels::CpuWeightDtype::kF32,
+                                           kernels::CpuWeightDtype::kBf16,
+                                           kernels::CpuWeightDtype::kInt8),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case kernels::CpuWeightDtype::kBf16:
+                               return "bf16";
+                             case kernels::CpuWeightDtype::kInt8:
+                               return "int8";
+                             default:
+                               return "f32";
+                           }
+                         });
 
 }  // namespace
 }  // namespace conveyor::testing

@@ -107,8 +107,8 @@ class FaultyDevice final : public model::Device {
  public:
   FaultyDevice() : inner_(worker::MakeCpuDevice({.num_threads = 1})) {}
   std::string_view name() const override { return "faulty-cpu"; }
-  absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend() override {
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = inner_->MakeBackend();
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const ModelConfig& model) override {
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = inner_->MakeBackend(model);
     if (!backend.ok() || backends_made_++ > 0) return backend;
     return std::unique_ptr<kernels::Backend>(new FaultyBackend(*std::move(backend), 1));
   }

@@ -323,8 +323,10 @@ struct WorkerProcess {
 
 std::unique_ptr<WorkerProcess> StartWorker() {
   auto w = std::make_unique<WorkerProcess>();
-  auto process = Subprocess::Start(
-      {WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=1", "--log_level=warn"});
+  // f32 weights, as the in-process rank they are compared with (auto would store an f16
+  // checkpoint as bf16 on a CPU with AVX512-BF16).
+  auto process = Subprocess::Start({WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=1",
+                                    "--log_level=warn", "--cpu_weight_dtype=f32"});
   EXPECT_TRUE(process.has_value());
   if (!process) return nullptr;
   w->process.emplace(std::move(*process));

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# End-to-end output tokens/s of the CPU worker with f32, bf16 and int8 weights
+# (--cpu_weight_dtype), one after the other in the same run on the same load: a worker and
+# a scheduler on the `small` bf16 test model, and conveyor-bench with 8 concurrent
+# streams of 129-token prompts and 128 greedy output tokens each.
+#
+# Usage: bench/run_weight_dtype_bench.sh [--build-dir DIR] [--model-dir DIR]
+#        [--dtypes "f32 bf16 int8"] [--requests N] [--threads N]
+# Prints one line per dtype and a table of ratios to f32.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${BUILD_DIR:-$repo/build}"
+model_dir=""
+dtypes="f32 bf16 int8"
+requests=32
+threads="$(nproc)"
+while (($#)); do
+  case "$1" in
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --model-dir) model_dir="$2"; shift 2 ;;
+    --dtypes) dtypes="$2"; shift 2 ;;
+    --requests) requests="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+model_dir="${model_dir:-$build_dir/bench_models/small}"
+ninja -C "$build_dir" conveyor-worker conveyor-scheduler conveyor-bench >/dev/null
+if [[ ! -f "$model_dir/config.json" ]]; then
+  /usr/bin/python3 "$repo/tests/model_gen/make_test_model.py" --preset small --out "$model_dir"
+fi
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+declare -A tps
+for dtype in $dtypes; do
+  wport="$(free_port)"; sport="$(free_port)"
+  "$build_dir/worker/conveyor-worker" --port="$wport" --metrics_port=0 --threads="$threads" \
+    --cpu_weight_dtype="$dtype" 2>"/tmp/conveyor-dtype-worker-$dtype.log" >/dev/null &
+  pids+=($!)
+  "$build_dir/scheduler/conveyor-scheduler" --model="$model_dir" --workers="127.0.0.1:$wport" \
+    --port="$sport" --metrics_port=0 --kv_cache_bytes=$((1 << 30)) 2>/dev/null >/dev/null &
+  pids+=($!)
+  out="$(mktemp)"
+  "$build_dir/bench/conveyor-bench" --server="127.0.0.1:$sport" --workload=fixed \
+    --input_len=129 --output_len=128 --concurrency=8 --num_requests="$requests" \
+    --quiet --out="$out" >/dev/null
+  tps[$dtype]="$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["output_throughput"])' "$out")"
+  backend="$(grep -o 'CPU backend [^ ]* [^(]*(.*)' "/tmp/conveyor-dtype-worker-$dtype.log" | head -1 || true)"
+  echo "$dtype: ${tps[$dtype]} output tok/s ($backend)"
+  rm -f "$out"
+  cleanup; pids=()
+done
+echo
+echo "| weights | output tok/s | vs f32 |"
+echo "| --- | --- | --- |"
+for dtype in $dtypes; do
+  /usr/bin/python3 -c 'import sys; t=float(sys.argv[2]); b=float(sys.argv[3]) if sys.argv[3] else t; print(f"| {sys.argv[1]} | {t:.1f} | {t/b:.2f}x |")' \
+    "$dtype" "${tps[$dtype]}" "${tps[f32]:-}"
+done
