@@ -164,7 +164,9 @@ int64_t TensorView::NumElements() const {
 SafetensorsFile::SafetensorsFile(std::string path, void* mapping, size_t mapping_bytes)
     : path_(std::move(path)), mapping_(mapping), mapping_bytes_(mapping_bytes) {}
 
-SafetensorsFile::~SafetensorsFile() { munmap(mapping_, mapping_bytes_); }
+SafetensorsFile::~SafetensorsFile() {
+  if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
+}
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -186,7 +188,25 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   // Owns the mapping from here on, so every error path below unmaps it.
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(path, mapping, file_bytes));
 
-  const auto* bytes = static_cast<const std::byte*>(mapping);
+  RETURN_IF_ERROR(file->ParseHeader(std::span(static_cast<const std::byte*>(mapping), file_bytes)));
+  return file;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
+    std::string path, std::span<const std::byte> image) {
+  if (image.size() < kHeaderLengthBytes) {
+    return Corrupt(path, absl::StrCat("file is ", image.size(),
+                                      " bytes, too short for the 8-byte header length"));
+  }
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(std::move(path), nullptr, 0));
+  RETURN_IF_ERROR(file->ParseHeader(image));
+  return file;
+}
+
+absl::Status SafetensorsFile::ParseHeader(std::span<const std::byte> image) {
+  const std::byte* bytes = image.data();
+  const size_t file_bytes = image.size();
+  const std::string& path = path_;
   uint64_t header_bytes;
   std::memcpy(&header_bytes, bytes, kHeaderLengthBytes);
   if (header_bytes > file_bytes - kHeaderLengthBytes) {
@@ -200,15 +220,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   if (header.is_discarded()) return Corrupt(path, "header is not valid JSON");
   if (!header.is_object()) return Corrupt(path, "header is not a JSON object");
 
-  file->data_section_ = bytes + kHeaderLengthBytes + header_bytes;
+  data_section_ = bytes + kHeaderLengthBytes + header_bytes;
   const size_t data_bytes = file_bytes - kHeaderLengthBytes - header_bytes;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") continue;
-    Entry& entry = file->entries_[name];
+    Entry& entry = entries_[name];
     RETURN_IF_ERROR(ParseEntry(path, name, value, data_bytes, &entry.dtype, &entry.shape,
                                &entry.begin, &entry.end));
   }
-  return file;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TensorView> SafetensorsFile::Find(const std::string& name) const {
@@ -242,6 +262,8 @@ std::vector<std::string> SafetensorsFile::TensorNames() const {
 }
 
 void ConvertToF32(DType dtype, const std::byte* src, size_t count, float* dst) {
+  // An empty tensor's buffers may be null, which memcpy must not get even for no bytes.
+  if (count == 0) return;
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, count * sizeof(float));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ class SafetensorsFile {
   // Maps `path` and validates its header. Unsupported dtypes (anything but F32, F16,
   // BF16) are an error only when such a tensor is looked up.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  // The same checks on a whole file's bytes already in memory (Open maps the file and
+  // calls this; the fuzzer feeds it directly). `image` is not copied: it must outlive
+  // the result, whose tensors point into it. `path` names it in error messages.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Parse(std::string path,
+                                                                std::span<const std::byte> image);
 
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -57,7 +63,10 @@ class SafetensorsFile {
     size_t begin = 0;  // Offsets relative to the start of the data section.
     size_t end = 0;
   };
+  // `mapping` (null for Parse's borrowed image) is unmapped by the destructor.
   SafetensorsFile(std::string path, void* mapping, size_t mapping_bytes);
+  // Validates the header of `image` and fills entries_ and data_section_.
+  absl::Status ParseHeader(std::span<const std::byte> image);
 
   std::string path_;
   void* mapping_ = nullptr;
@@ -66,7 +75,8 @@ class SafetensorsFile {
   std::map<std::string, Entry> entries_;
 };
 
-// Converts `count` elements of `dtype` at `src` to float32 at `dst`.
+// Converts `count` elements of `dtype` at `src` to float32 at `dst` (either may be null
+// when `count` is 0).
 void ConvertToF32(DType dtype, const std::byte* src, size_t count, float* dst);
 
 }  // namespace conveyor

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,33 @@ TEST_F(SafetensorsTest, AcceptsScalarsEmptyTensorsAndMetadata) {
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->NumElements(), 0);
   EXPECT_EQ(empty->size_bytes, 0u);
+}
+
+TEST_F(SafetensorsTest, ParsesAnImageInMemoryAsOpenDoes) {
+  const std::string bytes =
+      SafetensorsBytes({F32Tensor("a", {2, 2}, {1, 2, 3, 4}), F32Tensor("b", {3}, {5, 6, 7})});
+  auto file = SafetensorsFile::Parse(
+      "in-memory", std::span(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->path(), "in-memory");
+  EXPECT_THAT((*file)->TensorNames(), ElementsAre("a", "b"));
+  auto b = (*file)->Find("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  // The tensor points into the caller's bytes: nothing is copied.
+  EXPECT_GE(b->data, reinterpret_cast<const std::byte*>(bytes.data()));
+  EXPECT_LE(b->data + b->size_bytes,
+            reinterpret_cast<const std::byte*>(bytes.data()) + bytes.size());
+  std::vector<float> values(3);
+  ConvertToF32(b->dtype, b->data, 3, values.data());
+  EXPECT_THAT(values, ElementsAre(5, 6, 7));
+
+  const std::string truncated = bytes.substr(0, bytes.size() - 4);
+  auto cut = SafetensorsFile::Parse(
+      "in-memory",
+      std::span(reinterpret_cast<const std::byte*>(truncated.data()), truncated.size()));
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(cut.status().message(), HasSubstr("in-memory: tensor 'b'"));
+  EXPECT_EQ(SafetensorsFile::Parse("in-memory", {}).status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST_F(SafetensorsTest, MissingFileIsNotFoundNamingPath) {
@@ -233,6 +261,16 @@ TEST(ConvertToF32Test, BF16Values) {
   EXPECT_EQ(out[5], -std::numeric_limits<float>::infinity());
   EXPECT_TRUE(std::isnan(out[6]));
   EXPECT_TRUE(std::signbit(out[7]));
+}
+
+TEST(ConvertToF32Test, NoElementsNeedNoBuffers) {
+  // An empty tensor (shape [0, 3]) converts into an empty vector, whose data() is null:
+  // memcpy must not see that (UBSan's nonnull check; found by tests/fuzz/safetensors_fuzzer).
+  std::vector<float> out;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    ConvertToF32(dtype, nullptr, 0, out.data());
+  }
+  EXPECT_TRUE(out.empty());
 }
 
 TEST(ConvertToF32Test, F32IsCopied) {

@@ -54,6 +54,7 @@ uint32_t OrderedBits(float value) {
 // nth_element's indirect comparisons several times more than these passes on a 128k vocabulary.
 template <typename KeyOf, typename MeasureOf>
 size_t SelectPrefix(std::span<int> ids, KeyOf key_of, MeasureOf measure_of, double target) {
+  assert(!ids.empty());  // Empty, the rounds below never narrow the range: they loop forever.
   constexpr int kBucketBits = 11;
   // ids[0, begin) precede the group [begin, end) holding the prefix's end, and weigh mass_above.
   auto begin = ids.begin();
@@ -252,8 +253,10 @@ SampleResult Sampler::Sample(std::span<float> logits, const SamplingParams& para
   ApplyPenalties(params, prompt_tokens, output_tokens, logits, seen_, output_counts_);
 
   const int best = ArgMax(logits);
-  // With every logit at -inf there is no distribution to draw from; fall back to greedy.
-  if (params.is_greedy() || logits[best] == kNegInf) {
+  // With every logit at -inf there is no distribution to draw from; fall back to greedy. So too
+  // when a penalty overflowed a logit to +inf (a repetition_penalty near 0 divides by it): the
+  // infinitely likely tokens' weights would be NaN, and Draw needs a finite maximum.
+  if (params.is_greedy() || !std::isfinite(logits[best])) {
     result.token_id = best;
   } else {
     result.token_id = Draw(logits, logits[best], params, draw_index, candidates_, probs_);

@@ -421,6 +421,21 @@ TEST(SamplerTest, RepetitionPenaltyDividesPositiveLogits) {
   EXPECT_EQ(DrawToken(sampler, logits, params, 0, prompt), 1);
 }
 
+TEST(SamplerTest, RepetitionPenaltyOverflowingLogitsFallsBackToGreedy) {
+  // A denormal penalty passes validation (it is > 0) and divides both seen logits to +inf:
+  // drawing then looped forever in top-p's selection over no candidates (found by
+  // tests/fuzz/step_request_fuzzer). Greedy takes the first of the infinite logits.
+  Sampler sampler(4);
+  const std::vector<float> logits = {2.0f, 3.0f, -1.0f, 1.0f};
+  const std::vector<int> prompt = {0, 1};
+  SamplingParams params = Params(1.0f, 0, 0.5f);
+  params.repetition_penalty = 2.5e-44f;
+  EXPECT_EQ(DrawToken(sampler, logits, params, 0, prompt), 0);
+  params.top_p = 1.0f;
+  params.top_k = 2;
+  EXPECT_EQ(DrawToken(sampler, logits, params, 1, prompt), 0);
+}
+
 TEST(SamplerTest, RepetitionPenaltyMultipliesNonPositiveLogits) {
   Sampler sampler(3);
   const std::vector<float> logits = {-1.0f, -1.1f, -5.0f};

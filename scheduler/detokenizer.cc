@@ -79,8 +79,16 @@ std::string IncrementalDetokenizer::DecodeWindow() {
 }
 
 std::string IncrementalDetokenizer::TakeNewText(const std::string& window_text) {
-  if (window_text.size() <= prefix_text_bytes_) return "";
-  std::string new_text = window_text.substr(prefix_text_bytes_);
+  // HF's ByteFallback can rewrite the prefix's text (an ill-formed run of byte tokens
+  // becomes U+FFFD per byte; see the header), so the cut at the prefix's size may fall
+  // inside a character: start at the next one, so that the stream stays valid UTF-8.
+  size_t begin = prefix_text_bytes_;
+  while (begin < window_text.size() &&
+         (static_cast<unsigned char>(window_text[begin]) & 0xC0) == 0x80) {
+    ++begin;
+  }
+  if (window_text.size() <= begin) return "";
+  std::string new_text = window_text.substr(begin);
   const bool new_text_complete = !new_text.ends_with(kReplacementChar);
   const auto streamed = window_.begin() + static_cast<std::ptrdiff_t>(prefix_tokens_);
   if (prefix_text_complete_ && FindAnchor(streamed)) {

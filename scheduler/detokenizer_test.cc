@@ -152,8 +152,16 @@ class TwoDecodeDetokenizer {
 
  private:
   std::string TakeNewText(const std::string& window_text) {
-    if (window_text.size() <= prefix_text_bytes_) return "";
-    std::string new_text = window_text.substr(prefix_text_bytes_);
+    // As the product does since the fuzzer found it: a cut that falls inside a character
+    // (the prefix's text was rewritten, e.g. a stray byte turned into U+FFFD) moves on to
+    // the next one, so that no chunk starts with a continuation byte.
+    size_t begin = prefix_text_bytes_;
+    while (begin < window_text.size() &&
+           (static_cast<unsigned char>(window_text[begin]) & 0xC0) == 0x80) {
+      ++begin;
+    }
+    if (window_text.size() <= begin) return "";
+    std::string new_text = window_text.substr(begin);
     window_.erase(window_.begin(), window_.begin() + static_cast<std::ptrdiff_t>(prefix_tokens_));
     prefix_tokens_ = window_.size();
     prefix_text_bytes_ = tokenizer_->Decode(window_).size();
@@ -731,6 +739,36 @@ TEST(HfDetokenizerTest, RandomIdsStreamAsDecodeDoes) {
       if (HasFailure()) return;
     }
     EXPECT_EQ(compared, c.random_ids.size());
+  }
+}
+
+TEST(HfDetokenizerTest, IllFormedByteRunKeepsTheStreamValidUtf8) {
+  // HF's ByteFallback renders the whole run "a", C3 A9 ("é"), a stray A9, "b" as one
+  // U+FFFD per byte, so the window's text no longer starts with the "é" streamed before:
+  // cutting it at the streamed size fell inside a U+FFFD (found by
+  // tests/fuzz/detokenizer_fuzzer). The stream differs from the full decode there, as the
+  // header says, but every chunk must still be valid UTF-8.
+  TestTempDir dir;
+  const std::vector<HfCase> cases = LoadHfCases(dir);
+  ASSERT_EQ(cases.size(), 5u);
+  for (const HfCase& c : cases) {
+    const Tokenizer& tokenizer = *c.tokenizer;
+    std::vector<int> byte_tokens(256, -1);
+    for (int id = 0; id < tokenizer.vocab_size(); ++id) {
+      const std::string piece = tokenizer.Piece(id);
+      if (piece.size() == 6 && piece.starts_with("<0x") && piece.ends_with(">")) {
+        byte_tokens[std::stoi(piece.substr(3, 2), nullptr, 16)] = id;
+      }
+    }
+    if (byte_tokens[0xA9] < 0) continue;  // Byte-level BPE: no byte-fallback tokens.
+    SCOPED_TRACE(c.name);
+    std::vector<int> output;  // "a", "é" as its two bytes, a stray byte, "b".
+    for (int byte : {0x61, 0xC3, 0xA9, 0xA9, 0x62}) output.push_back(byte_tokens[byte]);
+    for (const std::vector<int>& prompt : {std::vector<int>(), *tokenizer.Encode("hello")}) {
+      const std::string streamed = StreamChecked(tokenizer, prompt, output);
+      EXPECT_TRUE(IsValidUtf8(streamed)) << streamed;
+      EXPECT_THAT(streamed, ::testing::StartsWith("a")) << streamed;
+    }
   }
 }
 

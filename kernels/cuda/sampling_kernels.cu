@@ -243,7 +243,9 @@ __global__ void __launch_bounds__(kThreads)
     result->logprob =
         need_lse ? RawLogit(logits, layout_rows, shard, row, token) - row_lse[row] : 0.0f;
   };
-  if (max_logit == -INFINITY) {  // No distribution to draw from: greedy.
+  // No distribution to draw from (every logit -inf, or a penalty overflowed one to +inf,
+  // whose weight would be NaN): greedy, as the host sampler does.
+  if (!isfinite(max_logit)) {
     finish(0);
     return;
   }
