@@ -17,11 +17,11 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "model/cuda/cuda_device.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "worker/cpu_device.h"
+#include "worker/metrics_server.h"
 #include "worker/service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
@@ -149,12 +149,15 @@ int main(int argc, char** argv) {
 
   auto registry = std::make_shared<prometheus::Registry>();
   conveyor::worker::WorkerMetrics metrics(*registry);
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<conveyor::worker::MetricsServer> metrics_server;
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
-    const std::string metrics_address =
-        absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_metrics_port));
-    exposer = std::make_unique<prometheus::Exposer>(metrics_address);
-    exposer->RegisterCollectable(registry);
+    auto started = conveyor::worker::MetricsServer::Start(
+        absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port), registry);
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
+      return 1;
+    }
+    metrics_server = *std::move(started);
   }
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials();

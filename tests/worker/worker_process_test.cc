@@ -1,5 +1,6 @@
 // A real conveyor-worker process driven over gRPC on loopback: Init, a greedy generation
-// equal to the reference, a rejected step that leaves it serving, Health, Shutdown.
+// equal to the reference, a rejected step that leaves it serving, Health, Shutdown, and
+// its metrics page.
 #include <grpcpp/grpcpp.h>
 
 #include "gtest/gtest.h"
@@ -17,8 +18,10 @@ namespace v1 = worker::v1;
 class WorkerProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    metrics_port_ = FreePort();
     auto process =
-        Subprocess::Start({WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=2"});
+        Subprocess::Start({WorkerBinary(), "--port=0",
+                           "--metrics_port=" + std::to_string(metrics_port_), "--threads=2"});
     ASSERT_TRUE(process.has_value());
     process_.emplace(std::move(*process));
     const auto line = process_->WaitForLine("listening on", 30s);
@@ -39,7 +42,26 @@ class WorkerProcessTest : public ::testing::Test {
 
   std::optional<Subprocess> process_;
   std::unique_ptr<v1::Worker::Stub> stub_;
+  int metrics_port_ = 0;
 };
+
+// The metrics page is served, also by a worker built with CUDA, whose libraries' static
+// TLS once left prometheus-cpp's small-stack threads unable to start; after Init it
+// carries the model's metrics.
+TEST_F(WorkerProcessTest, ServesItsMetricsPage) {
+  ASSERT_TRUE(HttpGet(metrics_port_, "/metrics").has_value())
+      << "no metrics page on port " << metrics_port_;
+  v1::InitRequest init_request;
+  init_request.set_model_path(TestModelDir("llama3_gqa"));
+  init_request.set_kv_cache_bytes(8 << 20);
+  v1::InitResponse init;
+  SchedulerContext context;
+  ASSERT_TRUE(stub_->Init(&context, init_request, &init).ok());
+  const std::optional<std::string> page = HttpGet(metrics_port_, "/metrics");
+  ASSERT_TRUE(page.has_value());
+  EXPECT_NE(page->find("conveyor_worker_steps_total{"), std::string::npos) << *page;
+  EXPECT_NE(page->find("conveyor_worker_weight_bytes{"), std::string::npos) << *page;
+}
 
 TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
   {
