@@ -14,7 +14,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libgtest-dev libgmock-dev libbenchmark-dev \
   python3 python3-numpy python3-grpcio python3-matplotlib python3-jinja2 \
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev yamllint python3-yaml python3-venv \
-  prometheus clang libclang-rt-14-dev llvm >/dev/null
+  prometheus clang libclang-rt-14-dev llvm wamerican >/dev/null
 # Test references from PyPI (HF tokenizers, the openai client) in a venv that also sees
 # Debian's python3 packages (numpy, grpcio, jinja2). Tests find it at $CONVEYOR_TEST_VENV.
 venv="${CONVEYOR_TEST_VENV:-/opt/conveyor-test-venv}"
