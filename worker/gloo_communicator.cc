@@ -68,10 +68,11 @@ class StoreService final : public v1::CollectiveStore::Service {
 // are thrown as gloo::IoException, which ConnectGloo catches (Gloo itself throws too).
 class GrpcStore final : public gloo::rendezvous::Store {
  public:
-  GrpcStore(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+  GrpcStore(const std::string& address,
+            const std::shared_ptr<grpc::ChannelCredentials>& credentials,
             std::chrono::system_clock::time_point deadline)
       : address_(address),
-        stub_(v1::CollectiveStore::NewStub(grpc::CreateChannel(address, std::move(credentials)))),
+        stub_(v1::CollectiveStore::NewStub(grpc::CreateChannel(address, credentials))),
         deadline_(deadline) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -208,7 +209,7 @@ absl::StatusOr<std::unique_ptr<model::Communicator>> ConnectGloo(
   if (tls.any()) {
     ASSIGN_OR_RETURN(credentials, MakeTlsChannelCredentials(tls));
   }
-  GrpcStore store(store_address, std::move(credentials), deadline);
+  GrpcStore store(store_address, credentials, deadline);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = host;

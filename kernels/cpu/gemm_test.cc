@@ -24,6 +24,13 @@ struct Packed {
   float* data;
 };
 
+// Whether `n` floats are equal bit for bit (what batch invariance promises; -0.0 vs 0.0 or
+// two NaNs would be differences).
+bool SameBits(const float* a, const float* b, size_t n) {
+  return std::memcmp(static_cast<const void*>(a), static_cast<const void*>(b), n * sizeof(float)) ==
+         0;
+}
+
 std::vector<float> Random(size_t count, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -81,8 +88,7 @@ TEST(GemmTest, RowResultIndependentOfBatchPositionAndThreads) {
       for (ThreadPool* pool : pools) {
         std::vector<float> y(static_cast<size_t>(m) * n);
         GemmPacked(x.data(), k, m, packed.data, n, k, nullptr, y.data(), n, pool);
-        ASSERT_EQ(0, std::memcmp(y.data() + static_cast<size_t>(pos) * n, alone.data(),
-                                 n * sizeof(float)))
+        ASSERT_TRUE(SameBits(y.data() + static_cast<size_t>(pos) * n, alone.data(), n))
             << "m=" << m << " pos=" << pos;
         ++checked;
       }
@@ -102,7 +108,7 @@ TEST(GemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
                             packed.data, 2 * k);
   internal::GemmPanelPortable(x.data(), k, m, packed.data, nullptr, k, bias.data(), b.data(), n, n,
                               nullptr, 0);
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_TRUE(SameBits(a.data(), b.data(), a.size()));
 }
 
 // A weight packed as `type`, owning its buffers.
@@ -190,8 +196,7 @@ TEST_P(TypedGemmTest, RowResultIndependentOfBatchPositionAndThreads) {
       for (ThreadPool* pool : pools) {
         std::vector<float> y(static_cast<size_t>(m) * n);
         GemmPackedAs(x.data(), k, m, packed.weight, nullptr, y.data(), n, pool);
-        ASSERT_EQ(0, std::memcmp(y.data() + static_cast<size_t>(pos) * n, alone.data(),
-                                 n * sizeof(float)))
+        ASSERT_TRUE(SameBits(y.data() + static_cast<size_t>(pos) * n, alone.data(), n))
             << GemmWeightTypeName(type) << " m=" << m << " pos=" << pos;
       }
     }
@@ -217,7 +222,7 @@ TEST_P(TypedGemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
          packed.weight.panels, 2 * k);
   portable(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, bias.data(), b.data(), n,
            n, nullptr, 0);
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  EXPECT_TRUE(SameBits(a.data(), b.data(), a.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightTypes, TypedGemmTest,

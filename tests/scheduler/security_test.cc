@@ -68,9 +68,10 @@ std::shared_ptr<grpc::ChannelCredentials> TlsClient(const std::string& ca,
   return grpc::SslCredentials(options);
 }
 
-std::shared_ptr<grpc::Channel> Channel(int port, std::shared_ptr<grpc::ChannelCredentials> creds) {
+std::shared_ptr<grpc::Channel> Channel(int port,
+                                       const std::shared_ptr<grpc::ChannelCredentials>& creds) {
   // "localhost" is what the server certificate names.
-  return grpc::CreateChannel("localhost:" + std::to_string(port), std::move(creds));
+  return grpc::CreateChannel("localhost:" + std::to_string(port), creds);
 }
 
 struct Process {
@@ -188,7 +189,7 @@ class SecuredServerTest : public ::testing::Test {
     worker_flags.push_back("--health_port=" + std::to_string(worker_health_port_));
     worker_ = new Process(StartWorker(worker_flags));
     std::vector<std::string> flags = SchedulerToWorkersMtls();
-    for (std::string f :
+    for (const std::string& f :
          {"--tls_cert_file=" + Certs()("server.crt"), "--tls_key_file=" + Certs()("server.key"),
           "--auth_tokens_file=" + tokens_dir_->path() + "/tokens"}) {
       flags.push_back(f);
@@ -312,8 +313,8 @@ TEST_F(SecuredServerTest, APerTokenLimitRefusesTheNextGenerationUntilOneEnds) {
 }
 
 TEST_F(SecuredServerTest, TheWorkerRefusesCallersWithoutACertificateFromItsCa) {
-  auto health = [&](std::shared_ptr<grpc::ChannelCredentials> creds) {
-    auto stub = worker::v1::Worker::NewStub(Channel(worker_->port, std::move(creds)));
+  auto health = [&](const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+    auto stub = worker::v1::Worker::NewStub(Channel(worker_->port, creds));
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + 5s);
     worker::v1::HealthResponse response;
@@ -389,7 +390,7 @@ TEST(WorkerMtlsTest, TheWorkersCertificateMustNameItsHost) {
   }
   // Told which name to expect, the scheduler accepts it.
   std::vector<std::string> flags = SchedulerToWorkersMtls();
-  flags.push_back("--worker_tls_server_name=elsewhere.example");
+  flags.emplace_back("--worker_tls_server_name=elsewhere.example");
   Process scheduler = StartScheduler(address, flags);
   ASSERT_GT(scheduler.port, 0);
   const auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(scheduler.port),
@@ -447,7 +448,7 @@ TEST(TlsRotationTest, ARotatedCertificateIsServedWithoutARestart) {
 }
 
 TEST(TlsConfigTest, BadFilesStopTheProcessAtStartWithAMessage) {
-  auto exit_code = [](std::vector<std::string> argv) -> std::optional<int> {
+  auto exit_code = [](const std::vector<std::string>& argv) -> std::optional<int> {
     auto p = Subprocess::Start(argv);
     if (!p.has_value()) return std::nullopt;
     p->DrainStdout();

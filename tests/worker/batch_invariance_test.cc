@@ -159,6 +159,7 @@ TEST_P(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
   ASSERT_NE(w, nullptr);
   const std::vector<Request> requests = MakeRequests(w->model->config().vocab_size);
   std::vector<Trace> alone;
+  alone.reserve(requests.size());
   for (const Request& r : requests) alone.push_back(RunAlone(r, GetParam()));
   for (uint32_t seed : {1u, 2u, 3u}) {
     const std::map<uint64_t, Trace> mixed = RunMixed(requests, seed, GetParam());
