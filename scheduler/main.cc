@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
     http->SetAuthenticator(authenticator.get());
     if (client_tls) {
       http->SetTls(absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
-                   absl::GetFlag(FLAGS_tls_client_ca_file));
+                   absl::GetFlag(FLAGS_tls_client_ca_file), absl::GetFlag(FLAGS_tls_refresh_s));
     }
     if (absl::Status started = http->Start(); !started.ok()) {
       spdlog::error("{}", started.ToString());

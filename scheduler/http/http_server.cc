@@ -17,6 +17,7 @@
 #include "httplib.h"
 #include "scheduler/client_api.h"
 #include "scheduler/http/growing_task_queue.h"
+#include "scheduler/http/tls_identity.h"
 #include "spdlog/spdlog.h"
 
 namespace conveyor::scheduler {
@@ -201,10 +202,12 @@ void HttpServer::SetAuthenticator(TokenAuthenticator* authenticator) {
   authenticator_ = authenticator;
 }
 
-void HttpServer::SetTls(std::string cert_file, std::string key_file, std::string client_ca_file) {
+void HttpServer::SetTls(std::string cert_file, std::string key_file, std::string client_ca_file,
+                        int refresh_s) {
   tls_cert_file_ = std::move(cert_file);
   tls_key_file_ = std::move(key_file);
   tls_client_ca_file_ = std::move(client_ca_file);
+  tls_refresh_s_ = refresh_s;
 }
 
 absl::Status HttpServer::Start() {
@@ -217,14 +220,23 @@ absl::Status HttpServer::Start() {
   std::unique_ptr<httplib::Server> server;
   std::function<bool(int)> raise_backlog;
   if (!tls_cert_file_.empty()) {
-    auto tls = std::make_unique<Listener<httplib::SSLServer>>(
-        tls_cert_file_.c_str(), tls_key_file_.c_str(),
-        tls_client_ca_file_.empty() ? nullptr : tls_client_ca_file_.c_str());
+    ASSIGN_OR_RETURN(tls_identity_,
+                     ReloadingTlsIdentity::Load(tls_cert_file_, tls_key_file_, tls_refresh_s_));
+    auto tls = std::make_unique<Listener<httplib::SSLServer>>([this](SSL_CTX& ctx) {
+      SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
+      SSL_CTX_set_options(&ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+      tls_identity_->Install(&ctx);
+      if (tls_client_ca_file_.empty()) return true;
+      if (SSL_CTX_load_verify_locations(&ctx, tls_client_ca_file_.c_str(), nullptr) != 1) {
+        return false;
+      }
+      SSL_CTX_set_client_CA_list(&ctx, SSL_load_client_CA_file(tls_client_ca_file_.c_str()));
+      SSL_CTX_set_verify(&ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+      return true;
+    });
     if (!tls->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "HTTPS: cannot use the certificate ", tls_cert_file_, " with the key ", tls_key_file_,
-          tls_client_ca_file_.empty() ? ""
-                                      : absl::StrCat(" and the client CA ", tls_client_ca_file_)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("HTTPS: cannot use the client CA ", tls_client_ca_file_));
     }
     raise_backlog = [p = tls.get()](int backlog) { return p->RaiseBacklog(backlog); };
     server = std::move(tls);

@@ -38,6 +38,8 @@ struct Response;
 
 namespace conveyor::scheduler {
 
+class ReloadingTlsIdentity;
+
 class HttpServer {
  public:
   struct Options {
@@ -69,10 +71,12 @@ class HttpServer {
   // stays open. Must be called before Start; `authenticator` must outlive the server.
   void SetAuthenticator(TokenAuthenticator* authenticator);
 
-  // Serves HTTPS with this certificate and key (PEM files), read at Start; with
-  // `client_ca_file` a client must present a certificate it issued (mTLS). Must be
+  // Serves HTTPS with this certificate and key (PEM files), read at Start and again when
+  // they change (checked at most every `refresh_s` seconds); with `client_ca_file` a
+  // client must present a certificate it issued (mTLS; that file is read once). Must be
   // called before Start.
-  void SetTls(std::string cert_file, std::string key_file, std::string client_ca_file);
+  void SetTls(std::string cert_file, std::string key_file, std::string client_ca_file,
+              int refresh_s);
 
   // Binds and starts serving. Until SetEngine, generation answers 503.
   absl::Status Start();
@@ -105,6 +109,9 @@ class HttpServer {
   SchedulerMetrics* metrics_;
   TokenAuthenticator* authenticator_ = nullptr;
   std::string tls_cert_file_, tls_key_file_, tls_client_ca_file_;
+  int tls_refresh_s_ = 60;
+  // Before server_, which refers to it: destroyed after it.
+  std::unique_ptr<ReloadingTlsIdentity> tls_identity_;
   const int64_t created_unix_s_;  // Start-up time: the model's "created".
 
   // Set by Start.

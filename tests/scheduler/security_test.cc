@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -175,6 +176,18 @@ grpc::Status Health(const std::shared_ptr<grpc::Channel>& channel, HealthStatus*
   return stub->Check(&context, grpc::health::v1::HealthCheckRequest(), out);
 }
 
+// curl's HTTP status for `url` (0 when the connection or handshake failed).
+int Curl(const std::string& url, const std::string& extra) {
+  const std::string command = "curl -s -o /dev/null -w '%{http_code}' --max-time 20 " + extra +
+                              " '" + url + "' 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[16] = {};
+  const size_t n = fread(buffer, 1, sizeof(buffer) - 1, pipe);
+  pclose(pipe);
+  return std::atoi(std::string(buffer, n).c_str());
+}
+
 // The whole stack secured: workers over mTLS, the client API over TLS with tokens
 // (alice may run one generation at a time, bob any number), health on a plaintext port.
 class SecuredServerTest : public ::testing::Test {
@@ -209,18 +222,6 @@ class SecuredServerTest : public ::testing::Test {
     ASSERT_GT(scheduler_->port, 0);
     channel_ = Channel(scheduler_->port, TlsClient("ca.crt"));
     ASSERT_TRUE(WaitReady(channel_, kBobToken)) << "the secured server never became ready";
-  }
-
-  // curl's HTTP status for `url` (0 when the connection or handshake failed).
-  static int Curl(const std::string& url, const std::string& extra) {
-    const std::string command = "curl -s -o /dev/null -w '%{http_code}' --max-time 20 " + extra +
-                                " '" + url + "' 2>/dev/null";
-    FILE* pipe = popen(command.c_str(), "r");
-    if (pipe == nullptr) return -1;
-    char buffer[16] = {};
-    const size_t n = fread(buffer, 1, sizeof(buffer) - 1, pipe);
-    pclose(pipe);
-    return std::atoi(std::string(buffer, n).c_str());
   }
 
   static TestTempDir* tokens_dir_;
@@ -344,10 +345,11 @@ TEST_F(SecuredServerTest, HttpsNeedsTheTokenAndRefusesPlainHttp) {
 
 TEST(ClientMtlsTest, OnlyClientsWithACertificateFromTheClientCaGetIn) {
   Process worker = StartWorker({});
+  const int http_port = FreePort();
   Process scheduler = StartScheduler(
       "127.0.0.1:" + std::to_string(worker.port),
       {"--tls_cert_file=" + Certs()("server.crt"), "--tls_key_file=" + Certs()("server.key"),
-       "--tls_client_ca_file=" + Certs()("ca.crt")});
+       "--tls_client_ca_file=" + Certs()("ca.crt"), "--http_port=" + std::to_string(http_port)});
   ASSERT_GT(scheduler.port, 0);
   const auto good = Channel(scheduler.port, TlsClient("ca.crt", "client.crt", "client.key"));
   ASSERT_TRUE(WaitReady(good, ""));
@@ -359,6 +361,16 @@ TEST(ClientMtlsTest, OnlyClientsWithACertificateFromTheClientCaGetIn) {
       Generate(Channel(scheduler.port, TlsClient("ca.crt", "rogue.crt", "rogue.key")), "", 4, 5s)
           .status.error_code(),
       grpc::StatusCode::UNAVAILABLE)
+      << "a certificate from another CA";
+  // HTTPS asks for the same client certificates.
+  const std::string models = "https://localhost:" + std::to_string(http_port) + "/v1/models";
+  const std::string ca = "--cacert " + Certs()("ca.crt");
+  EXPECT_EQ(
+      Curl(models, ca + " --cert " + Certs()("client.crt") + " --key " + Certs()("client.key")),
+      200);
+  EXPECT_EQ(Curl(models, ca), 0) << "no client certificate";
+  EXPECT_EQ(Curl(models, ca + " --cert " + Certs()("rogue.crt") + " --key " + Certs()("rogue.key")),
+            0)
       << "a certificate from another CA";
 }
 
@@ -416,7 +428,8 @@ TEST(WorkerMtlsTest, TwoTensorParallelRanksMeetOverMtls) {
 
 TEST(TlsRotationTest, ARotatedCertificateIsServedWithoutARestart) {
   // The scheduler's certificate files are replaced in place, as a Secret update does;
-  // with --tls_refresh_s=1 new connections get the new certificate within seconds.
+  // with --tls_refresh_s=1 new connections to the gRPC and the HTTPS port get the new
+  // certificate within seconds.
   TestTempDir dir;
   const std::string cert = dir.path() + "/tls.crt";
   const std::string key = dir.path() + "/tls.key";
@@ -426,25 +439,41 @@ TEST(TlsRotationTest, ARotatedCertificateIsServedWithoutARestart) {
   };
   copy(Certs()("server.crt"), cert);
   copy(Certs()("server.key"), key);
+  const int http_port = FreePort();
   Process scheduler =
       StartScheduler("127.0.0.1:" + std::to_string(FreePort()),
-                     {"--tls_cert_file=" + cert, "--tls_key_file=" + key, "--tls_refresh_s=1"});
+                     {"--tls_cert_file=" + cert, "--tls_key_file=" + key, "--tls_refresh_s=1",
+                      "--http_port=" + std::to_string(http_port)});
   ASSERT_GT(scheduler.port, 0);
-  auto handshake_ok = [&](const std::string& ca) {
+  auto grpc_ok = [&](const std::string& ca) {
     HealthStatus health;
     return Health(Channel(scheduler.port, TlsClient(ca)), &health).ok();
   };
-  EXPECT_TRUE(handshake_ok("ca.crt"));
-  EXPECT_FALSE(handshake_ok("other-ca.crt"));
+  // curl trusting only `ca` gets an HTTP status from /health (503: no worker here), or
+  // none when the handshake fails.
+  auto https_ok = [&](const std::string& ca) {
+    return Curl("https://localhost:" + std::to_string(http_port) + "/health",
+                "--cacert " + Certs()(ca)) != 0;
+  };
+  auto within_10s = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 50; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(200ms);
+    }
+    return false;
+  };
+  EXPECT_TRUE(grpc_ok("ca.crt"));
+  EXPECT_FALSE(grpc_ok("other-ca.crt"));
+  EXPECT_TRUE(https_ok("ca.crt"));
+  EXPECT_FALSE(https_ok("other-ca.crt"));
   copy(Certs()("rogue.crt"), cert);  // Issued by the other CA.
   copy(Certs()("rogue.key"), key);
-  bool rotated = false;
-  for (int i = 0; i < 50 && !rotated; ++i) {
-    std::this_thread::sleep_for(200ms);
-    rotated = handshake_ok("other-ca.crt");
-  }
-  EXPECT_TRUE(rotated) << "the new certificate was not served within 10 s";
-  EXPECT_FALSE(handshake_ok("ca.crt"));
+  EXPECT_TRUE(within_10s([&] { return grpc_ok("other-ca.crt"); }))
+      << "gRPC did not serve the new certificate within 10 s";
+  EXPECT_FALSE(grpc_ok("ca.crt"));
+  EXPECT_TRUE(within_10s([&] { return https_ok("other-ca.crt"); }))
+      << "HTTPS did not serve the new certificate within 10 s";
+  EXPECT_FALSE(https_ok("ca.crt"));
 }
 
 TEST(TlsConfigTest, BadFilesStopTheProcessAtStartWithAMessage) {
