@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -32,9 +33,7 @@ absl::Status CheckShape(const TensorView& tensor, const std::string& path,
 
 // Reads `<index_path>`'s weight_map: tensor name -> shard file name.
 absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(index_path, ": cannot open"));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(index_path));
   const nlohmann::json index =
       nlohmann::json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded()) {

@@ -1,5 +1,6 @@
 #include "common/model_config.h"
 
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -341,6 +342,17 @@ TEST(LoadModelConfigTest, ErrorsNameTheFile) {
   EXPECT_EQ(broken.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(broken.status().message(), HasSubstr(path));
   EXPECT_THAT(broken.status().message(), HasSubstr("'vocab_size'"));
+}
+
+// Found by the step fuzzer through a worker's Init: a config.json that is a directory, or
+// a model path with a NUL byte (which the C library cuts at, here to "/"), made
+// std::ifstream throw on the read and took the worker down.
+TEST(LoadModelConfigTest, ADirectoryOrANulInThePathIsAnErrorNotACrash) {
+  TestTempDir dir;
+  std::filesystem::create_directory(dir.path() + "/config.json");
+  EXPECT_EQ(LoadModelConfig(dir.path()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadModelConfig(std::string("/\0models", 8)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

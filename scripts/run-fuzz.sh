@@ -7,7 +7,8 @@
 # build-fuzz/fuzz-artifacts/<target>/; reproduce one with
 #   build-fuzz/tests/fuzz/<target> build-fuzz/fuzz-artifacts/<target>/crash-...
 # Usage: scripts/run-fuzz.sh [SECONDS] [TARGET...]
-# Environment: CONVEYOR_FUZZ_BUILD (build dir), JOBS (build jobs, 2),
+# Environment: CONVEYOR_FUZZ_BUILD (build dir), JOBS (build jobs, 2), CONVEYOR_FUZZ_SEED
+# (libFuzzer's -seed: the same mutations each run, as CI uses; unset: a new seed each run),
 # CONVEYOR_BUILD_LOCK (a file the build holds with flock, so builds sharing a machine
 # take turns; default /tmp/conveyor-build.lock, "" for none).
 set -euo pipefail
@@ -46,6 +47,7 @@ for target in "${targets[@]}"; do
   args=(-max_total_time="$seconds" -print_final_stats=1 -timeout=10 -rss_limit_mb=4096
         -artifact_prefix="$artifacts/")
   [ -f "$root/tests/fuzz/dict/$target.dict" ] && args+=(-dict="$root/tests/fuzz/dict/$target.dict")
+  [ -n "${CONVEYOR_FUZZ_SEED:-}" ] && args+=(-seed="$CONVEYOR_FUZZ_SEED")
   log="$artifacts/fuzz.log"
   rc=0
   "$bin" "${args[@]}" "$work/corpus" >"$log" 2>&1 || rc=$?
