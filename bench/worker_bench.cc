@@ -62,7 +62,7 @@ struct Options {
 
 // How the worker stores linear weights (--weight_dtype), and the same for the GEMM
 // replays and ceilings, so every ratio compares like with like.
-kernels::GemmWeightType g_weight_type = kernels::GemmWeightType::kF32;
+kernels::CpuWeightDtype g_weight_type = kernels::CpuWeightDtype::kF32;
 
 // Repetition counts; --quick trades precision for a shorter run.
 struct Effort {
@@ -659,9 +659,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (opt.threads == 0) opt.threads = std::max(1u, std::thread::hardware_concurrency());
-  g_weight_type = opt.weights == kernels::CpuWeightDtype::kBf16   ? kernels::GemmWeightType::kBf16
-                  : opt.weights == kernels::CpuWeightDtype::kInt8 ? kernels::GemmWeightType::kInt8
-                                                                  : kernels::GemmWeightType::kF32;
+  g_weight_type = opt.weights;
   const Effort e = opt.quick ? Effort{3, 2, 2, 8, false} : Effort{5, 3, 3, 32, true};
 
   const double load_before = LoadAverage();
@@ -727,7 +725,7 @@ int Main(int argc, char** argv) {
               kBandwidthBytes >> 20, bandwidth_gbs, e.bandwidth_passes);
   std::printf("  ThreadPool::ParallelFor, empty job         %8.1f us/call\n", dispatch_us);
   std::printf("  %-40s %10s %12s\n", "sgemm GFLOP/s", "OpenBLAS",
-              (std::string("GemmPacked ") + kernels::GemmWeightTypeName(g_weight_type)).c_str());
+              (std::string("GemmPacked ") + kernels::CpuWeightDtypeName(g_weight_type)).c_str());
   std::printf("  %-40s %10.1f %12.1f\n", "1024^3", blas_square, ours_square);
   for (int m : ceiling_rows) {
     const std::string label =

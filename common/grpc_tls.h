@@ -29,6 +29,8 @@ struct TlsFiles {
 
   // Whether any file is set: TLS is wanted.
   bool any() const { return !cert_file.empty() || !key_file.empty() || !ca_file.empty(); }
+  // Whether all three are set, as mTLS needs.
+  bool complete() const { return !cert_file.empty() && !key_file.empty() && !ca_file.empty(); }
 };
 
 enum class ClientCertificates {

@@ -13,6 +13,10 @@ namespace conveyor {
 // decoders replace with one U+FFFD; at least 1). `i` must be < text.size().
 int Utf8CharLength(std::string_view text, size_t i);
 
+// The first offset at or after `i` whose byte is not a continuation byte (10xxxxxx), or
+// text.size(): where a cut that may have landed inside a character can start instead.
+size_t NextCharStart(std::string_view text, size_t i);
+
 // Offset of the first byte that is not part of well-formed UTF-8, or npos.
 size_t FindInvalidUtf8(std::string_view text);
 

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu_weight_dtype.h"
 
 namespace conveyor::kernels {
 
@@ -163,13 +164,6 @@ inline absl::StatusOr<BackendBuffer> AllocateBuffer(Backend* backend, size_t byt
   if (!ptr.ok()) return ptr.status();
   return BackendBuffer(*ptr, BackendDeleter{backend});
 }
-
-// How the CPU backend stores linear-layer weights (activations are float32 either way).
-enum class CpuWeightDtype {
-  kF32,
-  kBf16,  // Half the bytes; exact for a bf16 checkpoint.
-  kInt8,  // A quarter: weight-only, symmetric, one scale per output channel.
-};
 
 // The CPU backend: our own fixed-reduction-order GEMM (AVX-512 where available),
 // multi-threaded over `num_threads` threads (0: one per core), with weights stored as

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -82,11 +83,7 @@ std::string IncrementalDetokenizer::TakeNewText(const std::string& window_text) 
   // HF's ByteFallback can rewrite the prefix's text (an ill-formed run of byte tokens
   // becomes U+FFFD per byte; see the header), so the cut at the prefix's size may fall
   // inside a character: start at the next one, so that the stream stays valid UTF-8.
-  size_t begin = prefix_text_bytes_;
-  while (begin < window_text.size() &&
-         (static_cast<unsigned char>(window_text[begin]) & 0xC0) == 0x80) {
-    ++begin;
-  }
+  const size_t begin = NextCharStart(window_text, prefix_text_bytes_);
   if (window_text.size() <= begin) return "";
   std::string new_text = window_text.substr(begin);
   const bool new_text_complete = !new_text.ends_with(kReplacementChar);

@@ -21,6 +21,7 @@
 #include "common/hf_tokenizer_test_util.h"
 #include "common/test_temp_dir.h"
 #include "common/tokenizer.h"
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -155,11 +156,7 @@ class TwoDecodeDetokenizer {
     // As the product does since the fuzzer found it: a cut that falls inside a character
     // (the prefix's text was rewritten, e.g. a stray byte turned into U+FFFD) moves on to
     // the next one, so that no chunk starts with a continuation byte.
-    size_t begin = prefix_text_bytes_;
-    while (begin < window_text.size() &&
-           (static_cast<unsigned char>(window_text[begin]) & 0xC0) == 0x80) {
-      ++begin;
-    }
+    const size_t begin = NextCharStart(window_text, prefix_text_bytes_);
     if (window_text.size() <= begin) return "";
     std::string new_text = window_text.substr(begin);
     window_.erase(window_.begin(), window_.begin() + static_cast<std::ptrdiff_t>(prefix_tokens_));

@@ -136,7 +136,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> WorkerCredentials() {
       absl::GetFlag(FLAGS_worker_tls_cert_file), absl::GetFlag(FLAGS_worker_tls_key_file),
       absl::GetFlag(FLAGS_worker_tls_ca_file), absl::GetFlag(FLAGS_tls_refresh_s)};
   if (!files.any()) return nullptr;
-  if (files.cert_file.empty() || files.key_file.empty() || files.ca_file.empty()) {
+  if (!files.complete()) {
     return absl::InvalidArgumentError(
         "mTLS to the workers needs all of --worker_tls_ca_file, --worker_tls_cert_file and "
         "--worker_tls_key_file");

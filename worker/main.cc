@@ -98,7 +98,7 @@ conveyor::TlsFiles TlsFilesFromFlags() {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
   const conveyor::TlsFiles files = TlsFilesFromFlags();
   if (!files.any()) return grpc::InsecureServerCredentials();
-  if (files.cert_file.empty() || files.key_file.empty() || files.ca_file.empty()) {
+  if (!files.complete()) {
     return absl::InvalidArgumentError(
         "mTLS needs all of --tls_cert_file, --tls_key_file and --tls_ca_file: a worker "
         "verifies every caller's certificate");

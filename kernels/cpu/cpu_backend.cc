@@ -51,18 +51,6 @@ class CpuLinearWeight final : public LinearWeight {
   float* bias_;  // Null when the layer has none.
 };
 
-GemmWeightType ToGemmType(CpuWeightDtype dtype) {
-  switch (dtype) {
-    case CpuWeightDtype::kBf16:
-      return GemmWeightType::kBf16;
-    case CpuWeightDtype::kInt8:
-      return GemmWeightType::kInt8;
-    case CpuWeightDtype::kF32:
-    default:
-      return GemmWeightType::kF32;
-  }
-}
-
 void* AlignedBytes(size_t bytes) {
   return std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
 }
@@ -74,11 +62,10 @@ float* AlignedFloats(size_t count) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, CpuWeightDtype weights)
-      : weight_type_(ToGemmType(weights)), pool_(num_threads) {}
+  CpuBackend(int num_threads, CpuWeightDtype weights) : weight_type_(weights), pool_(num_threads) {}
 
   std::string name() const override {
-    return absl::StrCat("cpu(", GemmKernelName(), ", ", GemmWeightTypeName(weight_type_),
+    return absl::StrCat("cpu(", GemmKernelName(), ", ", CpuWeightDtypeName(weight_type_),
                         " weights, ", pool_.num_threads(), " threads)");
   }
   size_t activation_bytes() const override { return sizeof(float); }
@@ -237,7 +224,7 @@ class CpuBackend final : public Backend {
   }
 
   const internal::RowKernels& row_kernels_ = internal::RowKernelsForCpu();
-  const GemmWeightType weight_type_;
+  const CpuWeightDtype weight_type_;
   ThreadPool pool_;
 };
 

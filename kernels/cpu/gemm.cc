@@ -99,13 +99,13 @@ const Kernels& CpuKernels() {
 
 int NumPanels(int n) { return (n + kGemmPanelWidth - 1) / kGemmPanelWidth; }
 
-size_t ElementBytes(GemmWeightType type) {
+size_t ElementBytes(CpuWeightDtype type) {
   switch (type) {
-    case GemmWeightType::kBf16:
+    case CpuWeightDtype::kBf16:
       return 2;
-    case GemmWeightType::kInt8:
+    case CpuWeightDtype::kInt8:
       return 1;
-    case GemmWeightType::kF32:
+    case CpuWeightDtype::kF32:
     default:
       return 4;
   }
@@ -130,43 +130,31 @@ void PackPanels(const float* w, int n, int k, T* packed, Convert convert) {
 
 const char* GemmKernelName() { return CpuKernels().name; }
 
-const char* GemmWeightTypeName(GemmWeightType type) {
-  switch (type) {
-    case GemmWeightType::kBf16:
-      return "bf16";
-    case GemmWeightType::kInt8:
-      return "int8";
-    case GemmWeightType::kF32:
-    default:
-      return "f32";
-  }
-}
-
-size_t PackedGemmPanelBytes(GemmWeightType type, int n, int k) {
+size_t PackedGemmPanelBytes(CpuWeightDtype type, int n, int k) {
   return static_cast<size_t>(NumPanels(n)) * k * kGemmPanelWidth * ElementBytes(type);
 }
 
-size_t PackedGemmScaleBytes(GemmWeightType type, int n) {
-  return type == GemmWeightType::kInt8 ? NumPanels(n) * kGemmPanelWidth * sizeof(float) : 0;
+size_t PackedGemmScaleBytes(CpuWeightDtype type, int n) {
+  return type == CpuWeightDtype::kInt8 ? NumPanels(n) * kGemmPanelWidth * sizeof(float) : 0;
 }
 
 size_t PackedGemmWeightBytes(int n, int k) {
-  return PackedGemmPanelBytes(GemmWeightType::kF32, n, k);
+  return PackedGemmPanelBytes(CpuWeightDtype::kF32, n, k);
 }
 
-void PackGemmWeightAs(GemmWeightType type, const float* w, int n, int k, PackedGemmWeight* out) {
+void PackGemmWeightAs(CpuWeightDtype type, const float* w, int n, int k, PackedGemmWeight* out) {
   out->type = type;
   out->n = n;
   out->k = k;
   switch (type) {
-    case GemmWeightType::kF32:
+    case CpuWeightDtype::kF32:
       PackPanels(w, n, k, static_cast<float*>(out->panels), [](int, float v) { return v; });
       return;
-    case GemmWeightType::kBf16:
+    case CpuWeightDtype::kBf16:
       PackPanels(w, n, k, static_cast<uint16_t*>(out->panels),
                  [](int, float v) { return internal::ToBf16(v); });
       return;
-    case GemmWeightType::kInt8: {
+    case CpuWeightDtype::kInt8: {
       // One scale per output column: its largest magnitude maps to 127.
       for (int col = 0; col < NumPanels(n) * kGemmPanelWidth; ++col) {
         float most = 0.0f;
@@ -188,15 +176,15 @@ void PackGemmWeightAs(GemmWeightType type, const float* w, int n, int k, PackedG
 void PackGemmWeight(const float* w, int n, int k, float* packed) {
   PackedGemmWeight out;
   out.panels = packed;
-  PackGemmWeightAs(GemmWeightType::kF32, w, n, k, &out);
+  PackGemmWeightAs(CpuWeightDtype::kF32, w, n, k, &out);
 }
 
 void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, const float* bias,
                   float* y, int ldy, ThreadPool* pool) {
   const int n = w.n, k = w.k;
   const Kernels& kernels = CpuKernels();
-  const GemmPanelKernel kernel = w.type == GemmWeightType::kBf16   ? kernels.bf16
-                                 : w.type == GemmWeightType::kInt8 ? kernels.int8
+  const GemmPanelKernel kernel = w.type == CpuWeightDtype::kBf16   ? kernels.bf16
+                                 : w.type == CpuWeightDtype::kInt8 ? kernels.int8
                                                                    : kernels.f32;
   const char* panels = static_cast<const char*>(w.panels);
   const int num_panels = NumPanels(n);

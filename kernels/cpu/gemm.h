@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu_weight_dtype.h"
+
 namespace conveyor::kernels {
 
 class ThreadPool;
@@ -39,18 +41,9 @@ void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int 
 // environment variable CONVEYOR_CPU_ISA=portable forces the portable kernels (read once).
 const char* GemmKernelName();
 
-// How a packed weight stores W.
-enum class GemmWeightType {
-  kF32,
-  kBf16,  // Rounded to nearest even (exact for a bf16 checkpoint).
-  kInt8,  // Symmetric per output column: w ≈ q · scale[col], q in [-127, 127].
-};
-
-const char* GemmWeightTypeName(GemmWeightType type);
-
 // A weight packed by PackGemmWeightAs, in panels of kGemmPanelWidth columns × k.
 struct PackedGemmWeight {
-  GemmWeightType type = GemmWeightType::kF32;
+  CpuWeightDtype type = CpuWeightDtype::kF32;
   int n = 0;
   int k = 0;
   void* panels = nullptr;   // 64-byte aligned, PackedGemmPanelBytes.
@@ -58,12 +51,12 @@ struct PackedGemmWeight {
 };
 
 // Bytes of the panels and of the scales PackGemmWeightAs writes.
-size_t PackedGemmPanelBytes(GemmWeightType type, int n, int k);
-size_t PackedGemmScaleBytes(GemmWeightType type, int n);
+size_t PackedGemmPanelBytes(CpuWeightDtype type, int n, int k);
+size_t PackedGemmScaleBytes(CpuWeightDtype type, int n);
 
 // Packs row-major W [n, k] into `out` (whose panels and scales are allocated with the
 // sizes above; out->type/n/k are set here).
-void PackGemmWeightAs(GemmWeightType type, const float* w, int n, int k, PackedGemmWeight* out);
+void PackGemmWeightAs(CpuWeightDtype type, const float* w, int n, int k, PackedGemmWeight* out);
 
 // GemmPacked for a weight of any type: the same loop, blocking and thread split, so
 // the same batch invariance.

@@ -113,7 +113,7 @@ TEST(GemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
 
 // A weight packed as `type`, owning its buffers.
 struct TypedPacked {
-  TypedPacked(GemmWeightType type, const std::vector<float>& w, int n, int k) {
+  TypedPacked(CpuWeightDtype type, const std::vector<float>& w, int n, int k) {
     weight.panels = std::aligned_alloc(64, PackedGemmPanelBytes(type, n, k));
     const size_t scale_bytes = PackedGemmScaleBytes(type, n);
     if (scale_bytes > 0) weight.scales = static_cast<float*>(std::aligned_alloc(64, scale_bytes));
@@ -127,7 +127,7 @@ struct TypedPacked {
 };
 
 // W as the packed type holds it: bf16-rounded, or int8 times its column's scale.
-std::vector<double> Dequantized(GemmWeightType type, const std::vector<float>& w, int n, int k) {
+std::vector<double> Dequantized(CpuWeightDtype type, const std::vector<float>& w, int n, int k) {
   std::vector<double> out(w.size());
   for (int c = 0; c < n; ++c) {
     float most = 0;
@@ -135,20 +135,20 @@ std::vector<double> Dequantized(GemmWeightType type, const std::vector<float>& w
     const float scale = most / 127.0f;
     for (int i = 0; i < k; ++i) {
       const float v = w[c * k + i];
-      out[c * k + i] = type == GemmWeightType::kBf16   ? internal::FromBf16(internal::ToBf16(v))
-                       : type == GemmWeightType::kInt8 ? std::nearbyint(v / scale) * double{scale}
+      out[c * k + i] = type == CpuWeightDtype::kBf16   ? internal::FromBf16(internal::ToBf16(v))
+                       : type == CpuWeightDtype::kInt8 ? std::nearbyint(v / scale) * double{scale}
                                                        : v;
     }
   }
   return out;
 }
 
-class TypedGemmTest : public ::testing::TestWithParam<GemmWeightType> {};
+class TypedGemmTest : public ::testing::TestWithParam<CpuWeightDtype> {};
 
 // Against a float64 product with the weight as stored: the only error left is the
 // float32 chain's.
 TEST_P(TypedGemmTest, MatchesDoublePrecisionOfTheStoredWeight) {
-  const GemmWeightType type = GetParam();
+  const CpuWeightDtype type = GetParam();
   const int m = 19, n = 75, k = 130;
   auto x = Random(m * k, 11), w = Random(n * k, 12), bias = Random(n, 13);
   TypedPacked packed(type, w, n, k);
@@ -168,19 +168,19 @@ TEST_P(TypedGemmTest, MatchesDoublePrecisionOfTheStoredWeight) {
       worst_vs_f32 = std::max(worst_vs_f32, std::fabs(y[r * n + c] - exact));
     }
   }
-  EXPECT_LT(worst, 1e-4) << GemmWeightTypeName(type);
+  EXPECT_LT(worst, 1e-4) << CpuWeightDtypeName(type);
   // What rounding the weight costs, on values of size ~sqrt(k)/3: bf16 keeps 8 bits of
   // mantissa, int8 7 bits of the column's largest magnitude.
-  const double rounding_bound = type == GemmWeightType::kF32    ? 1e-4
-                                : type == GemmWeightType::kBf16 ? 0.05
+  const double rounding_bound = type == CpuWeightDtype::kF32    ? 1e-4
+                                : type == CpuWeightDtype::kBf16 ? 0.05
                                                                 : 0.1;
-  EXPECT_LT(worst_vs_f32, rounding_bound) << GemmWeightTypeName(type);
+  EXPECT_LT(worst_vs_f32, rounding_bound) << CpuWeightDtypeName(type);
   std::printf("%s: largest error %.3g against the stored weight, %.3g against float32 W\n",
-              GemmWeightTypeName(type), worst, worst_vs_f32);
+              CpuWeightDtypeName(type), worst, worst_vs_f32);
 }
 
 TEST_P(TypedGemmTest, RowResultIndependentOfBatchPositionAndThreads) {
-  const GemmWeightType type = GetParam();
+  const CpuWeightDtype type = GetParam();
   const int n = 1024 + 7, k = 384;
   auto w = Random(static_cast<size_t>(n) * k, 14);
   auto row = Random(k, 15);
@@ -197,7 +197,7 @@ TEST_P(TypedGemmTest, RowResultIndependentOfBatchPositionAndThreads) {
         std::vector<float> y(static_cast<size_t>(m) * n);
         GemmPackedAs(x.data(), k, m, packed.weight, nullptr, y.data(), n, pool);
         ASSERT_TRUE(SameBits(y.data() + static_cast<size_t>(pos) * n, alone.data(), n))
-            << GemmWeightTypeName(type) << " m=" << m << " pos=" << pos;
+            << CpuWeightDtypeName(type) << " m=" << m << " pos=" << pos;
       }
     }
   }
@@ -206,16 +206,16 @@ TEST_P(TypedGemmTest, RowResultIndependentOfBatchPositionAndThreads) {
 // Every instruction path this CPU can run gives the same bits for every weight type.
 TEST_P(TypedGemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "CPU has no AVX-512";
-  const GemmWeightType type = GetParam();
+  const CpuWeightDtype type = GetParam();
   const int m = 12, n = 29, k = 301;
   auto x = Random(m * k, 16), w = Random(n * k, 17), bias = Random(n, 18);
   TypedPacked packed(type, w, n, k);
   using internal::GemmPanelKernel;
-  const GemmPanelKernel avx512 = type == GemmWeightType::kBf16   ? internal::GemmPanelBf16Avx512
-                                 : type == GemmWeightType::kInt8 ? internal::GemmPanelInt8Avx512
+  const GemmPanelKernel avx512 = type == CpuWeightDtype::kBf16   ? internal::GemmPanelBf16Avx512
+                                 : type == CpuWeightDtype::kInt8 ? internal::GemmPanelInt8Avx512
                                                                  : internal::GemmPanelAvx512;
-  const GemmPanelKernel portable = type == GemmWeightType::kBf16   ? internal::GemmPanelBf16Portable
-                                   : type == GemmWeightType::kInt8 ? internal::GemmPanelInt8Portable
+  const GemmPanelKernel portable = type == CpuWeightDtype::kBf16   ? internal::GemmPanelBf16Portable
+                                   : type == CpuWeightDtype::kInt8 ? internal::GemmPanelInt8Portable
                                                                    : internal::GemmPanelPortable;
   std::vector<float> a(m * n), b(m * n);
   avx512(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, bias.data(), a.data(), n, n,
@@ -226,9 +226,9 @@ TEST_P(TypedGemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightTypes, TypedGemmTest,
-                         ::testing::Values(GemmWeightType::kF32, GemmWeightType::kBf16,
-                                           GemmWeightType::kInt8),
-                         [](const auto& info) { return GemmWeightTypeName(info.param); });
+                         ::testing::Values(CpuWeightDtype::kF32, CpuWeightDtype::kBf16,
+                                           CpuWeightDtype::kInt8),
+                         [](const auto& info) { return CpuWeightDtypeName(info.param); });
 
 TEST(GemmTest, Bf16RoundsToNearestEven) {
   EXPECT_EQ(internal::ToBf16(1.0f), 0x3f80);
