@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "model/cuda/cuda_device.h"
 #include "prometheus/registry.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -109,6 +110,17 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials() {
 // The device --backend names, configured from the flags that apply to it.
 absl::StatusOr<std::unique_ptr<conveyor::model::Device>> MakeDevice(const std::string& name) {
   if (name == "cpu") {
+    // The kernels' instruction set is fixed for the process on first use: refuse a
+    // CONVEYOR_CPU_ISA that would be ignored, and say what runs.
+    if (std::string error = conveyor::kernels::CpuIsaEnvironmentError(); !error.empty()) {
+      return absl::InvalidArgumentError(error);
+    }
+    spdlog::info("CPU kernels: {} (this CPU has: {}{})",
+                 conveyor::kernels::CpuIsaName(conveyor::kernels::ActiveCpuIsa()),
+                 conveyor::kernels::CpuFeatureSummary(),
+                 conveyor::kernels::ActiveCpuIsa() < conveyor::kernels::DetectedCpuIsa()
+                     ? "; lowered by CONVEYOR_CPU_ISA"
+                     : "");
     conveyor::worker::CpuDeviceOptions cpu;
     cpu.num_threads = absl::GetFlag(FLAGS_threads);
     ASSIGN_OR_RETURN(cpu.weights,

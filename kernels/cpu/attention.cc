@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace conveyor::kernels {
@@ -123,7 +124,6 @@ void PagedAttentionWith(AttentionTileKernel kernel, const AttentionArgs& args, T
 
 void PagedAttentionCpu(const float* q, int q_row_stride, const AttentionBatch& batch,
                        const AttentionShape& shape, KvLayer layer, float* out, ThreadPool* pool) {
-  static const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
   internal::AttentionArgs args;
   args.q = q;
   args.q_row_stride = q_row_stride;
@@ -133,10 +133,12 @@ void PagedAttentionCpu(const float* q, int q_row_stride, const AttentionBatch& b
   args.v_cache = static_cast<const float*>(layer.v);
   args.out = out;
   // The choice depends only on the CPU and the model, so every token of every batch
-  // takes the same kernel.
-  const internal::AttentionTileKernel kernel = kHaveAvx512 && shape.head_dim % 16 == 0
-                                                   ? internal::AttentionTileAvx512
-                                                   : internal::AttentionTilePortable;
+  // takes the same kernel; AVX-512 and AVX2 give the same bits.
+  internal::AttentionTileKernel kernel = internal::AttentionTilePortable;
+  if (shape.head_dim % 16 == 0) {
+    if (ActiveCpuIsa() == CpuIsa::kAvx512) kernel = internal::AttentionTileAvx512;
+    if (ActiveCpuIsa() == CpuIsa::kAvx2) kernel = internal::AttentionTileAvx2;
+  }
   internal::PagedAttentionWith(kernel, args, pool);
 }
 

@@ -7,7 +7,7 @@
 //
 // Batch invariance: a tile only decides which loop is outer and which loads are shared.
 // Each query row keeps its own softmax state and runs through its positions 0..pos with
-// the same sequence of operations whatever tile it is in (the AVX-512 kernel in chunks of
+// the same sequence of operations whatever tile it is in (the vector kernels in chunks of
 // kAttentionChunk positions counted from position 0, whatever the block size), so its bits
 // depend only on its query, its position and its sequence's K/V: never on the tile, the
 // rest of the batch, or the thread that ran it.
@@ -28,7 +28,7 @@ void PagedAttentionCpu(const float* q, int q_row_stride, const AttentionBatch& b
 
 namespace internal {
 
-// Positions per softmax chunk: one AVX-512 register of scores.
+// Positions per softmax chunk: one AVX-512 register of scores (two AVX2 registers).
 inline constexpr int kAttentionChunk = 16;
 
 struct AttentionArgs {
@@ -53,8 +53,10 @@ using AttentionTileKernel = void (*)(const AttentionArgs& args, const AttentionT
 
 // AVX-512F kernel; needs head_dim % 16 == 0. Online softmax over 16-position chunks.
 void AttentionTileAvx512(const AttentionArgs& args, const AttentionTile& tile);
+// AVX2+FMA kernel with the same arithmetic per lane, so the same bits; head_dim % 16 == 0.
+void AttentionTileAvx2(const AttentionArgs& args, const AttentionTile& tile);
 // Plain C++ kernel for any CPU and head_dim; two-pass softmax per query row. Its bits
-// differ from the AVX-512 kernel's, but it is batch-invariant in the same way.
+// differ from the vector kernels', but it is batch-invariant in the same way.
 void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile);
 
 // Splits the batch into tiles and runs `kernel` on each, on `pool` (null: inline).

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -29,8 +30,8 @@ float FromBf16(uint16_t b) {
 
 namespace {
 
-// The portable kernels: one FMA chain per output over k, as the AVX-512 ones, so both
-// give the same bits. They ignore the prefetch hint: a CPU without AVX-512 has other
+// The portable kernels: one FMA chain per output over k, as the AVX-512 and AVX2 ones,
+// so all give the same bits. They ignore the prefetch hint: a CPU without AVX2 has other
 // bottlenecks.
 template <typename Widen>
 void PortablePanel(const float* x, int ldx, int m, int k, const float* scales, const float* bias,
@@ -79,17 +80,21 @@ struct Kernels {
   const char* name;
 };
 
-// AVX-512F where the CPU has it, unless CONVEYOR_CPU_ISA=portable asks for the fallback
-// (so CI exercises both on one machine).
+// The kernels of the level ActiveCpuIsa() chose (CONVEYOR_CPU_ISA can lower it, so CI
+// exercises every level up to the machine's own).
 Kernels SelectKernels() {
-  const char* forced = std::getenv("CONVEYOR_CPU_ISA");
-  const bool portable = forced != nullptr && std::strcmp(forced, "portable") == 0;
-  if (!portable && __builtin_cpu_supports("avx512f")) {
-    return {internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512, internal::GemmPanelInt8Avx512,
-            "avx512"};
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      return {internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512,
+              internal::GemmPanelInt8Avx512, "avx512"};
+    case CpuIsa::kAvx2:
+      return {internal::GemmPanelAvx2, internal::GemmPanelBf16Avx2, internal::GemmPanelInt8Avx2,
+              "avx2"};
+    case CpuIsa::kPortable:
+    default:
+      return {internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
+              internal::GemmPanelInt8Portable, "portable"};
   }
-  return {internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
-          internal::GemmPanelInt8Portable, "portable"};
 }
 
 const Kernels& CpuKernels() {

@@ -10,7 +10,7 @@
 // That makes a token's result independent of the batch it is computed in, which
 // OpenBLAS does not guarantee (its result for a row changes with the row's position in
 // the call and with the thread count; see docs/batch-invariance.md). FMA is exactly
-// rounded, so the AVX-512 and the portable paths give the same bits.
+// rounded, so the AVX-512, AVX2 and portable paths give the same bits.
 #pragma once
 
 #include <cstddef>
@@ -37,8 +37,8 @@ void PackGemmWeight(const float* w, int n, int k, float* packed);
 void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int k,
                 const float* bias, float* y, int ldy, ThreadPool* pool);
 
-// Name of the kernel GemmPacked dispatches to on this CPU ("avx512" or "portable"). The
-// environment variable CONVEYOR_CPU_ISA=portable forces the portable kernels (read once).
+// Name of the kernels GemmPacked dispatches to: ActiveCpuIsa()'s ("avx512", "avx2" or
+// "portable"; the environment variable CONVEYOR_CPU_ISA lowers it, see cpu_isa.h).
 const char* GemmKernelName();
 
 // A weight packed by PackGemmWeightAs, in panels of kGemmPanelWidth columns × k.

@@ -17,10 +17,13 @@ using GemmPanelKernel = void (*)(const float* x, int ldx, int m, const void* pan
 
 inline constexpr int kGemmMaxRows = 12;
 
-// float32 panels.
+// float32 panels. The AVX-512, AVX2 and portable kernels of a type give the same bits.
 void GemmPanelAvx512(const float* x, int ldx, int m, const void* panel, const float* scales, int k,
                      const float* bias, float* y, int ldy, int cols, const void* prefetch,
                      int prefetch_lines);
+void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const float* scales, int k,
+                   const float* bias, float* y, int ldy, int cols, const void* prefetch,
+                   int prefetch_lines);
 void GemmPanelPortable(const float* x, int ldx, int m, const void* panel, const float* scales,
                        int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines);
@@ -28,6 +31,9 @@ void GemmPanelPortable(const float* x, int ldx, int m, const void* panel, const 
 void GemmPanelBf16Avx512(const float* x, int ldx, int m, const void* panel, const float* scales,
                          int k, const float* bias, float* y, int ldy, int cols,
                          const void* prefetch, int prefetch_lines);
+void GemmPanelBf16Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
+                       int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
+                       int prefetch_lines);
 void GemmPanelBf16Portable(const float* x, int ldx, int m, const void* panel, const float* scales,
                            int k, const float* bias, float* y, int ldy, int cols,
                            const void* prefetch, int prefetch_lines);
@@ -36,6 +42,9 @@ void GemmPanelBf16Portable(const float* x, int ldx, int m, const void* panel, co
 void GemmPanelInt8Avx512(const float* x, int ldx, int m, const void* panel, const float* scales,
                          int k, const float* bias, float* y, int ldy, int cols,
                          const void* prefetch, int prefetch_lines);
+void GemmPanelInt8Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
+                       int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
+                       int prefetch_lines);
 void GemmPanelInt8Portable(const float* x, int ldx, int m, const void* panel, const float* scales,
                            int k, const float* bias, float* y, int ldy, int cols,
                            const void* prefetch, int prefetch_lines);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -95,20 +96,6 @@ TEST(GemmTest, RowResultIndependentOfBatchPositionAndThreads) {
     }
   }
   EXPECT_EQ(checked, 7 * 3 * 3);
-}
-
-TEST(GemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
-  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "CPU has no AVX-512";
-  const int m = 12, n = 29, k = 301;
-  auto x = Random(m * k, 8), w = Random(n * k, 9), bias = Random(n, 10);
-  Packed packed(w, n, k);
-  std::vector<float> a(m * n), b(m * n);
-  // The AVX-512 kernel also prefetches (here: the panel it reads), which must not matter.
-  internal::GemmPanelAvx512(x.data(), k, m, packed.data, nullptr, k, bias.data(), a.data(), n, n,
-                            packed.data, 2 * k);
-  internal::GemmPanelPortable(x.data(), k, m, packed.data, nullptr, k, bias.data(), b.data(), n, n,
-                              nullptr, 0);
-  EXPECT_TRUE(SameBits(a.data(), b.data(), a.size()));
 }
 
 // A weight packed as `type`, owning its buffers.
@@ -203,26 +190,57 @@ TEST_P(TypedGemmTest, RowResultIndependentOfBatchPositionAndThreads) {
   }
 }
 
-// Every instruction path this CPU can run gives the same bits for every weight type.
-TEST_P(TypedGemmTest, PortableAndAvx512KernelsAgreeBitForBit) {
-  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "CPU has no AVX-512";
+// Every instruction path this CPU can run gives the portable kernel's bits, for every
+// weight type, every row count a call can have (each AVX2 tile shape: 1-2 rows over 32
+// columns, groups of up to 6 over two halves), partial panels, with and without bias.
+// The vector kernels also prefetch (here: the panel they read), which must not matter.
+TEST_P(TypedGemmTest, EveryInstructionPathGivesThePortableBits) {
   const CpuWeightDtype type = GetParam();
-  const int m = 12, n = 29, k = 301;
-  auto x = Random(m * k, 16), w = Random(n * k, 17), bias = Random(n, 18);
-  TypedPacked packed(type, w, n, k);
   using internal::GemmPanelKernel;
-  const GemmPanelKernel avx512 = type == CpuWeightDtype::kBf16   ? internal::GemmPanelBf16Avx512
-                                 : type == CpuWeightDtype::kInt8 ? internal::GemmPanelInt8Avx512
-                                                                 : internal::GemmPanelAvx512;
-  const GemmPanelKernel portable = type == CpuWeightDtype::kBf16   ? internal::GemmPanelBf16Portable
-                                   : type == CpuWeightDtype::kInt8 ? internal::GemmPanelInt8Portable
-                                                                   : internal::GemmPanelPortable;
-  std::vector<float> a(m * n), b(m * n);
-  avx512(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, bias.data(), a.data(), n, n,
-         packed.weight.panels, 2 * k);
-  portable(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, bias.data(), b.data(), n,
-           n, nullptr, 0);
-  EXPECT_TRUE(SameBits(a.data(), b.data(), a.size()));
+  struct Path {
+    CpuIsa isa;
+    GemmPanelKernel kernel;
+  };
+  const auto pick = [type](GemmPanelKernel f32, GemmPanelKernel bf16, GemmPanelKernel int8) {
+    return type == CpuWeightDtype::kBf16 ? bf16 : type == CpuWeightDtype::kInt8 ? int8 : f32;
+  };
+  const GemmPanelKernel portable =
+      pick(internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
+           internal::GemmPanelInt8Portable);
+  const Path paths[] = {
+      {CpuIsa::kAvx2,
+       pick(internal::GemmPanelAvx2, internal::GemmPanelBf16Avx2, internal::GemmPanelInt8Avx2)},
+      {CpuIsa::kAvx512, pick(internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512,
+                             internal::GemmPanelInt8Avx512)},
+  };
+  const int k = 301;
+  int compared = 0;
+  for (const Path& path : paths) {
+    if (path.isa > DetectedCpuIsa()) continue;
+    for (int n : {32, 29, 17, 7}) {
+      auto w = Random(n * k, 17 + n);
+      auto bias = Random(n, 18 + n);
+      TypedPacked packed(type, w, n, k);
+      for (int m = 1; m <= internal::kGemmMaxRows; ++m) {
+        auto x = Random(m * k, 16 + m);
+        for (const float* b :
+             {static_cast<const float*>(bias.data()), static_cast<const float*>(nullptr)}) {
+          std::vector<float> got(m * n, NAN), want(m * n, NAN);
+          path.kernel(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, b, got.data(),
+                      n, n, packed.weight.panels, 2 * k);
+          portable(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, b, want.data(), n,
+                   n, nullptr, 0);
+          ASSERT_TRUE(SameBits(got.data(), want.data(), got.size()))
+              << CpuIsaName(path.isa) << " " << CpuWeightDtypeName(type) << " m=" << m << " n=" << n
+              << (b != nullptr ? " with bias" : " without bias");
+          ++compared;
+        }
+      }
+    }
+  }
+  if (compared == 0) GTEST_SKIP() << "CPU has neither AVX2+FMA nor AVX-512";
+  std::printf("%s: %d kernel calls compared up to %s\n", CpuWeightDtypeName(type), compared,
+              CpuIsaName(DetectedCpuIsa()));
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightTypes, TypedGemmTest,

@@ -1,9 +1,11 @@
 // The portable row kernels, the shared RMSNorm reduction and the choice of kernel set.
 // Compiled with -ffp-contract=off: RMSNorm and RoPE must round each product the way the
-// AVX-512 kernels do, whatever the target flags.
+// vector kernels do, whatever the target flags.
 #include "kernels/cpu/row_kernels.h"
 
 #include <cmath>
+
+#include "kernels/cpu/cpu_isa.h"
 
 namespace conveyor::kernels::internal {
 
@@ -58,9 +60,15 @@ void SiluMul(const float* gate, const float* up, int n, float* out) {
 const RowKernels kPortableRowKernels = {"portable", RmsNorm, AddRmsNorm, Rope, SiluMul};
 
 const RowKernels& RowKernelsForCpu() {
-  static const RowKernels& kernels =
-      __builtin_cpu_supports("avx512f") ? kAvx512RowKernels : kPortableRowKernels;
-  return kernels;
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      return kAvx512RowKernels;
+    case CpuIsa::kAvx2:
+      return kAvx2RowKernels;
+    case CpuIsa::kPortable:
+    default:
+      return kPortableRowKernels;
+  }
 }
 
 }  // namespace conveyor::kernels::internal

@@ -1,13 +1,14 @@
 // Per-token kernels behind the CPU backend's elementwise operations (RMSNorm, RoPE,
 // SiLU·up): each call works on one token's row, so the backend can split a batch over
-// threads by rows. An AVX-512 set and a portable set; RowKernelsForCpu() picks one.
+// threads by rows. AVX-512, AVX2 and portable sets; RowKernelsForCpu() picks one.
 //
 // Batch invariance: a row's result depends only on that row. RMSNorm's sum of squares
 // goes into 16 float64 lanes (element i into lane i % 16, in index order), which are
 // then summed by one fixed tree (InverseRmsFromLanes); x² of a float is exact in float64,
-// so every step is one rounding in a fixed order. Both sets follow that order and round
-// RoPE's products the same way, so RMSNorm and RoPE give the same bits on either set.
-// SiLU uses each set's own exp, so its bits differ between the sets (but not between
+// so every step is one rounding in a fixed order. All sets follow that order and round
+// RoPE's products the same way, so RMSNorm and RoPE give the same bits on every set.
+// SiLU's exp is the vector sets' own polynomial (the same in AVX-512 and AVX2) or the C
+// library's, so its bits differ between portable and the vector sets (but never between
 // rows, batches or threads).
 #pragma once
 
@@ -36,11 +37,13 @@ struct RowKernels {
 
 // Plain C++: any CPU.
 extern const RowKernels kPortableRowKernels;
+// AVX2+FMA; call only where the CPU reports them. SiLU gives the AVX-512 set's bits.
+extern const RowKernels kAvx2RowKernels;
 // AVX-512F; call only where the CPU reports it.
 extern const RowKernels kAvx512RowKernels;
 
-// The AVX-512 set where the CPU has AVX-512F, else the portable one. Fixed per process,
-// so every token of every batch takes the same kernels.
+// The set of ActiveCpuIsa()'s level (cpu_isa.h). Fixed per process, so every token of
+// every batch takes the same kernels.
 const RowKernels& RowKernelsForCpu();
 
 }  // namespace conveyor::kernels::internal

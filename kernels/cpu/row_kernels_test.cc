@@ -1,7 +1,10 @@
 #include "kernels/cpu/row_kernels.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -11,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_isa.h"
 
 namespace conveyor::kernels {
 namespace {
@@ -38,14 +42,18 @@ double ReferenceInverseRms(const std::vector<float>& x, float eps) {
   return static_cast<double>(1.0L / std::sqrt(sum / x.size() + eps));
 }
 
-class RowKernelsTest : public testing::TestWithParam<bool> {
+const RowKernels& KernelsOf(CpuIsa isa) {
+  return isa == CpuIsa::kAvx512 ? internal::kAvx512RowKernels
+         : isa == CpuIsa::kAvx2 ? internal::kAvx2RowKernels
+                                : internal::kPortableRowKernels;
+}
+
+class RowKernelsTest : public testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override {
-    if (GetParam() && !__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "CPU has no AVX-512";
+    if (GetParam() > DetectedCpuIsa()) GTEST_SKIP() << "CPU cannot run " << CpuIsaName(GetParam());
   }
-  const RowKernels& kernels() const {
-    return GetParam() ? internal::kAvx512RowKernels : internal::kPortableRowKernels;
-  }
+  const RowKernels& kernels() const { return KernelsOf(GetParam()); }
 };
 
 TEST_P(RowKernelsTest, RmsNormMatchesExtendedPrecision) {
@@ -119,37 +127,98 @@ TEST_P(RowKernelsTest, SiluMulMatchesDoublePrecision) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sets, RowKernelsTest, testing::Bool(),
-                         [](const testing::TestParamInfo<bool>& info) {
-                           return std::string(info.param ? "Avx512" : "Portable");
+INSTANTIATE_TEST_SUITE_P(Sets, RowKernelsTest,
+                         testing::Values(CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512),
+                         [](const testing::TestParamInfo<CpuIsa>& info) {
+                           return std::string(CpuIsaName(info.param));
                          });
 
+// ExpAvx512 / ExpAvx2 written out in scalar IEEE operations (each rounds as its vector
+// lane does): nearbyint for roundscale, fmaf for the FMAs, ldexp for scalef. The vector
+// sets' SiLU must give exactly this, which ties AVX2 to AVX-512 on a machine that has
+// only one of them.
+float ScalarVectorExp(float x) {
+  x = std::isnan(x) ? -104.0f : std::max(x, -104.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float poly = 1.9875691500e-4f;
+  poly = std::fma(poly, r, 1.3981999507e-3f);
+  poly = std::fma(poly, r, 8.3334519073e-3f);
+  poly = std::fma(poly, r, 4.1665795894e-2f);
+  poly = std::fma(poly, r, 1.6666665459e-1f);
+  poly = std::fma(poly, r, 5.0000001201e-1f);
+  const float y = std::fma(poly, r * r, r) + 1.0f;
+  return std::ldexp(y, static_cast<int>(n));
+}
+
+float ScalarVectorSiluMul(float g, float up) {
+  const float e = ScalarVectorExp(-std::fabs(g));
+  const float numerator = g < 0.0f ? g * e : g;
+  return numerator / (1.0f + e) * up;
+}
+
 // RMSNorm and RoPE are specified to the bit (row_kernels.h), so a model gives the same
-// activations on a CPU with or without AVX-512.
-TEST(RowKernelSetsTest, RmsNormAndRopeAgreeToTheBit) {
-  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "CPU has no AVX-512";
-  const RowKernels& a = internal::kAvx512RowKernels;
+// activations on a CPU with AVX-512, AVX2 or neither; SiLU is the same on both vector sets.
+TEST(RowKernelSetsTest, EveryVectorSetAgreesToTheBit) {
   const RowKernels& p = internal::kPortableRowKernels;
-  for (int hidden : kLengths) {
-    const std::vector<float> x = RandomFloats(hidden, 60 + hidden, 10.0f);
-    const std::vector<float> y = RandomFloats(hidden, 70 + hidden);
-    const std::vector<float> w = RandomFloats(hidden, 80 + hidden);
-    std::vector<float> out_a(hidden), out_p(hidden);
-    a.rms_norm(x.data(), w.data(), hidden, 1e-5f, out_a.data());
-    p.rms_norm(x.data(), w.data(), hidden, 1e-5f, out_p.data());
-    EXPECT_TRUE(SameBits(out_a, out_p)) << "rms_norm " << hidden;
-    std::vector<float> res_a = x, res_p = x;
-    a.add_rms_norm(res_a.data(), y.data(), w.data(), hidden, 1e-5f, out_a.data());
-    p.add_rms_norm(res_p.data(), y.data(), w.data(), hidden, 1e-5f, out_p.data());
-    EXPECT_TRUE(SameBits(res_a, res_p)) << "add_rms_norm residual " << hidden;
-    EXPECT_TRUE(SameBits(out_a, out_p)) << "add_rms_norm " << hidden;
-    if (hidden % 2 == 0) {
-      std::vector<float> heads_a = x, heads_p = x;
-      a.rope(heads_a.data(), 1, hidden, y.data(), w.data());
-      p.rope(heads_p.data(), 1, hidden, y.data(), w.data());
-      EXPECT_TRUE(SameBits(heads_a, heads_p)) << "rope " << hidden;
+  int sets = 0;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (isa > DetectedCpuIsa()) continue;
+    ++sets;
+    const RowKernels& a = KernelsOf(isa);
+    for (int hidden : kLengths) {
+      const std::vector<float> x = RandomFloats(hidden, 60 + hidden, 10.0f);
+      const std::vector<float> y = RandomFloats(hidden, 70 + hidden);
+      const std::vector<float> w = RandomFloats(hidden, 80 + hidden);
+      std::vector<float> out_a(hidden), out_p(hidden);
+      a.rms_norm(x.data(), w.data(), hidden, 1e-5f, out_a.data());
+      p.rms_norm(x.data(), w.data(), hidden, 1e-5f, out_p.data());
+      EXPECT_TRUE(SameBits(out_a, out_p)) << a.name << " rms_norm " << hidden;
+      std::vector<float> res_a = x, res_p = x;
+      a.add_rms_norm(res_a.data(), y.data(), w.data(), hidden, 1e-5f, out_a.data());
+      p.add_rms_norm(res_p.data(), y.data(), w.data(), hidden, 1e-5f, out_p.data());
+      EXPECT_TRUE(SameBits(res_a, res_p)) << a.name << " add_rms_norm residual " << hidden;
+      EXPECT_TRUE(SameBits(out_a, out_p)) << a.name << " add_rms_norm " << hidden;
+      if (hidden % 2 == 0) {
+        std::vector<float> heads_a = x, heads_p = x;
+        a.rope(heads_a.data(), 1, hidden, y.data(), w.data());
+        p.rope(heads_p.data(), 1, hidden, y.data(), w.data());
+        EXPECT_TRUE(SameBits(heads_a, heads_p)) << a.name << " rope " << hidden;
+      }
     }
+    // SiLU over a dense sweep of gates: both signs, exp's whole range down to where it
+    // flushes to zero (|g| > 104) and through the denormals (|g| in 87..104).
+    std::vector<float> gate, up;
+    for (float g = -120.0f; g <= 120.0f; g += 0.0137f) {
+      gate.push_back(g);
+      up.push_back(1.0f + g / 256.0f);
+    }
+    for (float g : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e30f, -1e30f, 87.3365f, -87.3365f}) {
+      gate.push_back(g);
+      up.push_back(0.75f);
+    }
+    std::vector<float> out(gate.size()), expected(gate.size());
+    a.silu_mul(gate.data(), up.data(), static_cast<int>(gate.size()), out.data());
+    for (size_t i = 0; i < gate.size(); ++i) expected[i] = ScalarVectorSiluMul(gate[i], up[i]);
+    size_t identical = 0;
+    for (size_t i = 0; i < gate.size(); ++i) {
+      const int64_t ulps = std::abs(static_cast<int64_t>(std::bit_cast<int32_t>(out[i])) -
+                                    std::bit_cast<int32_t>(expected[i]));
+      identical += ulps == 0 ? 1 : 0;
+      // AVX2 is checked to the bit (the machines this was written on had no AVX-512);
+      // AVX-512 is the same operations by construction, held here to 2 ulp and its
+      // bit-identity reported until a run on AVX-512 hardware has shown it.
+      if (isa == CpuIsa::kAvx2) {
+        ASSERT_EQ(ulps, 0) << "silu_mul(" << gate[i] << "): " << out[i] << " vs " << expected[i];
+      } else {
+        ASSERT_LE(ulps, 2) << "silu_mul(" << gate[i] << "): " << out[i] << " vs " << expected[i];
+      }
+    }
+    std::printf("%s silu_mul: %zu of %zu bit-identical to the scalar expansion\n", a.name,
+                identical, gate.size());
   }
+  if (sets == 0) GTEST_SKIP() << "CPU has neither AVX2+FMA nor AVX-512";
 }
 
 // --- The backend's row operations: a token's bits alone = in a batch, any thread count.

@@ -3,7 +3,10 @@
 // its metrics page.
 #include <grpcpp/grpcpp.h>
 
+#include <csignal>
+
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "tests/support/scheduler_context.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
@@ -168,6 +171,27 @@ TEST_F(WorkerProcessTest, InitErrorsNameTheProblem) {
   // The worker survives a failed Init and SIGTERM stops it cleanly.
   process_->Signal(SIGTERM);
   EXPECT_EQ(process_->Wait(20s), 0);
+}
+
+// CONVEYOR_CPU_ISA is read once and could only be ignored later, so a value the worker
+// cannot honour stops it at start (exit 2); a level the CPU has starts it.
+TEST(WorkerCpuIsaTest, AnUnusableLevelStopsTheWorkerAtStart) {
+  auto run = [](const std::string& isa) -> std::optional<int> {
+    auto p = Subprocess::Start({"/usr/bin/env", "CONVEYOR_CPU_ISA=" + isa, WorkerBinary(),
+                                "--port=0", "--metrics_port=0", "--threads=1"});
+    if (!p.has_value()) return std::nullopt;
+    if (p->WaitForLine("listening on", 30s).has_value()) {
+      p->Signal(SIGTERM);
+      p->DrainStdout();
+      p->Wait(30s);
+      return 0;  // Started and served.
+    }
+    return p->Wait(30s);
+  };
+  EXPECT_EQ(run("avx9"), 2);
+  EXPECT_EQ(run("portable"), 0);
+  EXPECT_EQ(run(kernels::CpuIsaName(kernels::DetectedCpuIsa())), 0);
+  if (kernels::DetectedCpuIsa() < kernels::CpuIsa::kAvx512) EXPECT_EQ(run("avx512"), 2);
 }
 
 }  // namespace

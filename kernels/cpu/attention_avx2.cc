@@ -1,0 +1,204 @@
+// AVX2 paged-attention tile kernel: the ISA operations of attention_tile.h on 8-float
+// registers, a chunk's 16 scores in two. Every lane runs the AVX-512 kernel's operations
+// in the same order (the same even/odd FMA chains for the scores, ExpAvx2 = ExpAvx512,
+// the same P·V chains), so the two give the same bits. Compiled with -mavx2 -mfma
+// -ffp-contract=off; called only when ActiveCpuIsa() is AVX2 or above and head_dim is a
+// multiple of 16 (where the AVX-512 kernel would run: so a model's bits do not depend on
+// which of the two a CPU has).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/exp_avx2.h"
+
+namespace conveyor::kernels::internal {
+namespace {
+
+constexpr int kLanes = 8;
+static_assert(kAttentionChunk == 2 * kLanes, "a chunk's scores fill two registers");
+
+float ExpScalar(float x) { return _mm256_cvtss_f32(ExpAvx2(_mm256_set1_ps(x))); }
+
+// Transposes the 8x8 matrix whose rows are r[0..7], in place.
+void Transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // u[4g + c], 128-bit lane k: column 4k + c of rows 4g..4g+3.
+  for (int g = 0; g < 8; g += 4) {
+    u[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
+    u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
+    u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+// s[r][0..1] lanes j = q_r · K_j for R rows: two FMA chains over even and odd
+// coordinates, added at the end (as the AVX-512 kernel).
+template <int R>
+void ChunkScores(const TileState& st, int row0, __m256 s[][2]) {
+  const float* const* q = st.q_rows + row0;
+  __m256 even[R][2], odd[R][2];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    even[r][0] = even[r][1] = odd[r][0] = odd[r][1] = _mm256_setzero_ps();
+  }
+  for (int i = 0; i < st.d; i += 2) {
+    const float* k0 = st.kt + i * kAttentionChunk;
+    const float* k1 = k0 + kAttentionChunk;
+    const __m256 k0lo = _mm256_load_ps(k0), k0hi = _mm256_load_ps(k0 + kLanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(q[r] + i);
+      even[r][0] = _mm256_fmadd_ps(a, k0lo, even[r][0]);
+      even[r][1] = _mm256_fmadd_ps(a, k0hi, even[r][1]);
+    }
+    const __m256 k1lo = _mm256_load_ps(k1), k1hi = _mm256_load_ps(k1 + kLanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(q[r] + i + 1);
+      odd[r][0] = _mm256_fmadd_ps(a, k1lo, odd[r][0]);
+      odd[r][1] = _mm256_fmadd_ps(a, k1hi, odd[r][1]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    s[r][0] = _mm256_add_ps(even[r][0], odd[r][0]);
+    s[r][1] = _mm256_add_ps(even[r][1], odd[r][1]);
+  }
+}
+
+// acc_r = acc_r · alpha_r + Σ_{j<n} p_r[j] · V_j, j ascending, for R rows.
+template <int R>
+void ChunkPv(const TileState& st, int row0, int n) {
+  for (int c = 0; c < st.d; c += kLanes) {
+    __m256 acc[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_mul_ps(_mm256_load_ps(st.acc_rows[row0 + r] + c),
+                             _mm256_set1_ps(st.alpha[row0 + r]));
+    }
+    for (int j = 0; j < n; ++j) {
+      const __m256 v = _mm256_loadu_ps(st.v_rows[j] + c);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(st.p + (row0 + r) * kAttentionChunk + j), v,
+                                 acc[r]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) _mm256_store_ps(st.acc_rows[row0 + r] + c, acc[r]);
+  }
+}
+
+// Lanes [0, valid) of 8, as a float mask.
+__m256 FirstLanes(int valid) {
+  return _mm256_castsi256_ps(
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+}
+
+// Rows [row0, row0 + R) against the chunk at position `chunk_pos` holding n positions;
+// every row attends to at least its first position.
+template <int R>
+void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
+  __m256 s[R][2];
+  ChunkScores<R>(st, row0, s);
+  int row_n[R];
+  bool uniform = true;
+  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+  for (int r = 0; r < R; ++r) {
+    const int row = row0 + r;
+    row_n[r] = st.RowPositions(row, chunk_pos, n);
+    uniform = uniform && row_n[r] == n;
+    const __m256 valid_lo = FirstLanes(row_n[r]), valid_hi = FirstLanes(row_n[r] - kLanes);
+    const __m256 scale = _mm256_set1_ps(st.scale);
+    const __m256 x_lo = _mm256_mul_ps(s[r][0], scale), x_hi = _mm256_mul_ps(s[r][1], scale);
+    // The largest valid score (max is exact, so the order of the reduction is free).
+    __m256 most = _mm256_max_ps(_mm256_blendv_ps(minus_inf, x_lo, valid_lo),
+                                _mm256_blendv_ps(minus_inf, x_hi, valid_hi));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float chunk_max = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    float alpha = 1.0f;
+    if (chunk_max > st.m[row]) {
+      alpha = st.m[row] == -INFINITY ? 0.0f : ExpScalar(st.m[row] - chunk_max);
+      st.m[row] = chunk_max;
+    }
+    const __m256 m = _mm256_set1_ps(st.m[row]);
+    const __m256 p_lo = _mm256_and_ps(valid_lo, ExpAvx2(_mm256_sub_ps(x_lo, m)));
+    const __m256 p_hi = _mm256_and_ps(valid_hi, ExpAvx2(_mm256_sub_ps(x_hi, m)));
+    float* p = st.p + row * kAttentionChunk;
+    _mm256_store_ps(p, p_lo);
+    _mm256_store_ps(p + kLanes, p_hi);
+    float* l = st.l + row * kAttentionChunk;
+    const __m256 a = _mm256_set1_ps(alpha);
+    _mm256_store_ps(l, _mm256_fmadd_ps(_mm256_load_ps(l), a, p_lo));
+    _mm256_store_ps(l + kLanes, _mm256_fmadd_ps(_mm256_load_ps(l + kLanes), a, p_hi));
+    st.alpha[row] = alpha;
+  }
+  if (uniform) {
+    ChunkPv<R>(st, row0, n);
+  } else {
+    // Causal diagonal: rows stop at different positions, so each runs alone (the same
+    // FMA sequence as in a block), never adding 0·V for positions past its own.
+    for (int r = 0; r < R; ++r) ChunkPv<1>(st, row0 + r, row_n[r]);
+  }
+}
+
+struct Avx2 {
+  // 4 score accumulators per row: 3 rows take 12 of the 16 registers.
+  static constexpr int kMaxBlockRows = 3;
+
+  static void TransposeChunk(const float* const* k_rows, int n, int d, float* kt) {
+    for (int c = 0; c < d; c += kLanes) {
+      for (int half = 0; half < 2; ++half) {
+        __m256 r[kLanes];
+        for (int j = 0; j < kLanes; ++j) {
+          const int pos = half * kLanes + j;
+          r[j] = pos < n ? _mm256_loadu_ps(k_rows[pos] + c) : _mm256_setzero_ps();
+        }
+        Transpose8(r);
+        for (int i = 0; i < kLanes; ++i) {
+          _mm256_store_ps(kt + (c + i) * kAttentionChunk + half * kLanes, r[i]);
+        }
+      }
+    }
+  }
+
+  static void ProcessRowBlock(const TileState& st, int row0, int rows, int chunk_pos, int n) {
+    switch (rows) {
+      case 1:
+        return ProcessRows<1>(st, row0, chunk_pos, n);
+      case 2:
+        return ProcessRows<2>(st, row0, chunk_pos, n);
+      case 3:
+        return ProcessRows<3>(st, row0, chunk_pos, n);
+      default:
+        return;
+    }
+  }
+
+  static void Normalize(const float* acc, float inv, int d, float* out) {
+    const __m256 v = _mm256_set1_ps(inv);
+    for (int c = 0; c < d; c += kLanes) {
+      _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_load_ps(acc + c), v));
+    }
+  }
+};
+
+}  // namespace
+
+void AttentionTileAvx2(const AttentionArgs& args, const AttentionTile& tile) {
+  RunAttentionTile<Avx2>(args, tile);
+}
+
+}  // namespace conveyor::kernels::internal

@@ -1,0 +1,194 @@
+// The paged-attention tile driver shared by the AVX-512 and AVX2 kernels, templated on
+// the instruction set's few operations (transposing a chunk of K, scoring a block of
+// query rows and updating their softmax and P·V, normalizing a row). Include only from
+// an ISA file (attention_avx512.cc, attention_avx2.cc): everything here has internal
+// linkage, so each file gets its own copy compiled for its own instructions and the
+// linker can never hand one file's instructions to a CPU that only runs the other's.
+//
+// Per chunk of 16 positions, the chunk's K rows are transposed once (kt[d][16]: one
+// head_dim coordinate of all 16 positions together) and shared by every query row of the
+// tile: each row's 16 scores come out of FMA chains over head_dim, with no horizontal
+// sums. Each row then updates its own online-softmax state and accumulates P·V into its
+// own accumulators. Which rows share a pass only changes which loads are shared, never a
+// row's arithmetic, so the result is batch-invariant (see attention.h). Both ISAs run
+// the same operations per lane, so they give the same bits.
+#pragma once
+
+#include <xmmintrin.h>  // _mm_prefetch
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+
+namespace conveyor::kernels::internal {
+namespace {
+
+constexpr int kChunk = kAttentionChunk;
+
+// 64-byte aligned float storage that only grows; one per thread, reused across tiles.
+class FloatBuffer {
+ public:
+  FloatBuffer() = default;
+  FloatBuffer(const FloatBuffer&) = delete;
+  FloatBuffer& operator=(const FloatBuffer&) = delete;
+  ~FloatBuffer() { std::free(data_); }
+
+  float* Get(size_t count) {
+    if (count > capacity_) {
+      std::free(data_);
+      data_ = static_cast<float*>(std::aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64));
+      if (data_ == nullptr) std::abort();
+      capacity_ = count;
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// One tile's state while it walks its sequence's chunks.
+struct TileState {
+  int d = 0;          // head_dim.
+  int group = 0;      // Query heads per KV head.
+  int first_pos = 0;  // Position of the tile's first token.
+  float scale = 1.0f;
+  const float* kt = nullptr;             // [d][16]: the chunk's K, transposed.
+  const float* const* v_rows = nullptr;  // [16]: the chunk's V rows (this KV head).
+  const float* const* q_rows = nullptr;  // [rows]
+  float* const* acc_rows = nullptr;      // [rows] -> [d]: unnormalized outputs.
+  // [rows][16]: the chunk's softmax weights.
+  float* p = nullptr;
+  // [rows][16]: running softmax denominators, one partial sum per lane.
+  float* l = nullptr;
+  // [rows]: running max score.
+  float* m = nullptr;
+  // [rows]: factor that rescales the row's sums from the old max to the new one.
+  float* alpha = nullptr;
+
+  // Positions of the chunk at chunk_pos (holding n) that row `row` attends to: at least 1.
+  int RowPositions(int row, int chunk_pos, int n) const {
+    return std::min(n, first_pos + row / group - chunk_pos + 1);
+  }
+};
+
+// The 16 lanes of a row's softmax denominator added in one fixed tree (lane i + i+8, then
+// + i+4, then (0+2) + (1+3)), spelled out so that it does not depend on how a compiler
+// implements a horizontal-sum intrinsic.
+float SumLanes16(const float* l) {
+  float t8[8], t4[4];
+  for (int i = 0; i < 8; ++i) t8[i] = l[i + 8] + l[i];
+  for (int i = 0; i < 4; ++i) t4[i] = t8[i + 4] + t8[i];
+  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+// Isa provides:
+//   kMaxBlockRows: query rows register-blocked together;
+//   TransposeChunk(k_rows, n, d, kt): kt[c][j] = k_rows[j][c] for j < n, 0 for j >= n;
+//   ProcessRowBlock(st, row0, rows, chunk_pos, n): scores, softmax update and P·V of
+//     rows [row0, row0 + rows) against the chunk;
+//   Normalize(acc, inv, d, out): out[c] = acc[c] · inv.
+template <typename Isa>
+void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
+  const AttentionBatch& batch = *args.batch;
+  const AttentionShape& shape = args.shape;
+  const int d = shape.head_dim;
+  const int group = shape.num_heads / shape.num_kv_heads;
+  const int rows = tile.num_tokens * group;
+  const size_t slot_floats = static_cast<size_t>(shape.num_kv_heads) * d;
+  const size_t head_offset = static_cast<size_t>(tile.kv_head) * d;
+  const int first_pos = batch.token_pos[tile.first_token];
+  const int last_pos = first_pos + tile.num_tokens - 1;
+  const int32_t* table =
+      batch.block_tables +
+      static_cast<size_t>(batch.token_seq[tile.first_token]) * batch.max_blocks_per_seq;
+
+  thread_local FloatBuffer kt_buf, acc_buf, p_buf, l_buf, m_buf, alpha_buf;
+  thread_local std::vector<const float*> q_rows;
+  thread_local std::vector<float*> acc_rows;
+  TileState st;
+  st.d = d;
+  st.group = group;
+  st.first_pos = first_pos;
+  st.scale = shape.scale;
+  float* kt = kt_buf.Get(static_cast<size_t>(d) * kChunk);
+  float* acc = acc_buf.Get(static_cast<size_t>(rows) * d);
+  st.kt = kt;
+  st.p = p_buf.Get(static_cast<size_t>(rows) * kChunk);
+  st.l = l_buf.Get(static_cast<size_t>(rows) * kChunk);
+  st.m = m_buf.Get(rows);
+  st.alpha = alpha_buf.Get(rows);
+  q_rows.resize(rows);
+  acc_rows.resize(rows);
+  for (int row = 0; row < rows; ++row) {
+    const int t = tile.first_token + row / group;
+    const int h = tile.kv_head * group + row % group;
+    q_rows[row] = args.q + static_cast<size_t>(t) * args.q_row_stride + static_cast<size_t>(h) * d;
+    acc_rows[row] = acc + static_cast<size_t>(row) * d;
+    st.m[row] = -INFINITY;
+  }
+  for (size_t i = 0; i < static_cast<size_t>(rows) * d; ++i) acc[i] = 0.0f;
+  for (size_t i = 0; i < static_cast<size_t>(rows) * kChunk; ++i) st.l[i] = 0.0f;
+  st.q_rows = q_rows.data();
+  st.acc_rows = acc_rows.data();
+
+  // Row pointers of the current and the next chunk (the next one is prefetched while
+  // the current one computes: decode reads K/V from beyond L2).
+  const float* k_rows[2][kChunk];
+  const float* v_rows[2][kChunk];
+  // Walks positions to slots block by block: no division per position.
+  int block = 0, offset = 0;
+  auto locate = [&](int chunk_pos, int buf) {
+    const int n = std::min(kChunk, last_pos - chunk_pos + 1);
+    for (int j = 0; j < n; ++j) {
+      const size_t slot = static_cast<size_t>(table[block]) * batch.block_size + offset;
+      k_rows[buf][j] = args.k_cache + slot * slot_floats + head_offset;
+      v_rows[buf][j] = args.v_cache + slot * slot_floats + head_offset;
+      if (++offset == batch.block_size) {
+        offset = 0;
+        ++block;
+      }
+    }
+  };
+  locate(0, 0);
+  for (int chunk_pos = 0, cur = 0; chunk_pos <= last_pos; chunk_pos += kChunk, cur ^= 1) {
+    const int n = std::min(kChunk, last_pos - chunk_pos + 1);
+    const int next_pos = chunk_pos + kChunk;
+    if (next_pos <= last_pos) {
+      locate(next_pos, cur ^ 1);
+      const int next_n = std::min(kChunk, last_pos - next_pos + 1);
+      for (int j = 0; j < next_n; ++j) {
+        for (int c = 0; c < d; c += 16) {
+          _mm_prefetch(reinterpret_cast<const char*>(k_rows[cur ^ 1][j] + c), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(v_rows[cur ^ 1][j] + c), _MM_HINT_T0);
+        }
+      }
+    }
+    st.v_rows = v_rows[cur];
+    // Positions past the chunk's end may be unwritten (even NaN): TransposeChunk puts
+    // zeros there, and no row's softmax looks at those lanes.
+    Isa::TransposeChunk(k_rows[cur], n, d, kt);
+    // Tokens before chunk_pos do not see this chunk; the rest form a suffix of the rows.
+    const int first_row = std::max(0, chunk_pos - first_pos) * group;
+    for (int row0 = first_row; row0 < rows; row0 += Isa::kMaxBlockRows) {
+      Isa::ProcessRowBlock(st, row0, std::min(Isa::kMaxBlockRows, rows - row0), chunk_pos, n);
+    }
+  }
+
+  for (int row = 0; row < rows; ++row) {
+    const int t = tile.first_token + row / group;
+    const int h = tile.kv_head * group + row % group;
+    float* out =
+        args.out + static_cast<size_t>(t) * shape.num_heads * d + static_cast<size_t>(h) * d;
+    Isa::Normalize(acc_rows[row], 1.0f / SumLanes16(st.l + row * kChunk), d, out);
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::kernels::internal

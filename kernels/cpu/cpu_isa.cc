@@ -1,0 +1,96 @@
+#include "kernels/cpu/cpu_isa.h"
+
+#include <cpuid.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor::kernels {
+namespace {
+
+// __builtin_cpu_supports checks the OS's register state (XGETBV) as well as CPUID.
+CpuIsa Detect() {
+  if (__builtin_cpu_supports("avx512f")) return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::kAvx2;
+  return CpuIsa::kPortable;
+}
+
+std::optional<CpuIsa> Requested() {
+  const char* value = std::getenv("CONVEYOR_CPU_ISA");
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return ParseCpuIsa(value);
+}
+
+}  // namespace
+
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kPortable:
+    default:
+      return "portable";
+  }
+}
+
+std::optional<CpuIsa> ParseCpuIsa(std::string_view name) {
+  for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (name == CpuIsaName(isa)) return isa;
+  }
+  return std::nullopt;
+}
+
+CpuIsa DetectedCpuIsa() {
+  static const CpuIsa detected = Detect();
+  return detected;
+}
+
+CpuIsa ActiveCpuIsa() {
+  static const CpuIsa active = [] {
+    const std::optional<CpuIsa> requested = Requested();
+    return requested.has_value() && *requested <= DetectedCpuIsa() ? *requested : DetectedCpuIsa();
+  }();
+  return active;
+}
+
+std::string CpuIsaEnvironmentError() {
+  const char* value = std::getenv("CONVEYOR_CPU_ISA");
+  if (value == nullptr || *value == '\0') return "";
+  const std::optional<CpuIsa> requested = ParseCpuIsa(value);
+  if (!requested.has_value()) {
+    return absl::StrCat("CONVEYOR_CPU_ISA must be portable, avx2 or avx512, got \"", value, "\"");
+  }
+  if (*requested > DetectedCpuIsa()) {
+    return absl::StrCat("CONVEYOR_CPU_ISA=", value, " asks for more than this CPU has (",
+                        CpuIsaName(DetectedCpuIsa()), "); it can only lower the level");
+  }
+  return "";
+}
+
+std::string CpuFeatureSummary() {
+  struct Feature {
+    unsigned leaf, subleaf;
+    char reg;  // 'b', 'c' or 'd' (or 'a').
+    int bit;
+    const char* name;
+  };
+  static constexpr Feature kFeatures[] = {
+      {7, 0, 'b', 5, "avx2"},         {1, 0, 'c', 12, "fma"},        {7, 0, 'b', 16, "avx512f"},
+      {7, 0, 'b', 31, "avx512vl"},    {7, 1, 'a', 5, "avx512_bf16"}, {7, 0, 'c', 11, "avx512_vnni"},
+      {7, 0, 'd', 23, "avx512_fp16"}, {7, 1, 'a', 4, "avx_vnni"},    {7, 0, 'd', 24, "amx_tile"},
+      {7, 0, 'd', 22, "amx_bf16"},    {7, 0, 'd', 25, "amx_int8"},
+  };
+  std::string out;
+  for (const Feature& f : kFeatures) {
+    unsigned r[4] = {0, 0, 0, 0};  // eax, ebx, ecx, edx
+    if (__get_cpuid_count(f.leaf, f.subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) continue;
+    const unsigned reg = f.reg == 'a' ? r[0] : f.reg == 'b' ? r[1] : f.reg == 'c' ? r[2] : r[3];
+    if (((reg >> f.bit) & 1u) != 0) absl::StrAppend(&out, out.empty() ? "" : " ", f.name);
+  }
+  return out.empty() ? "none of avx2/fma/avx512" : out;
+}
+
+}  // namespace conveyor::kernels

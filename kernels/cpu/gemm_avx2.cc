@@ -1,0 +1,173 @@
+// AVX2+FMA micro-kernels for float32, bfloat16 and int8 panels: the same FMA chain per
+// output as the AVX-512 and portable kernels (k ascending from zero, then the int8
+// scale, then the bias), so all three give the same bits. Compiled with
+// -mavx2 -mfma -ffp-contract=off; called only when the CPU reports AVX2 and FMA.
+//
+// Sixteen 8-float registers hold fewer accumulators than AVX-512's 32 × 16, so a panel's
+// 32 columns are not always computed at once: up to 2 rows take all 32 columns (4
+// registers each), more rows take the panel in two halves of 16 columns, 6 rows at a
+// time (12 accumulators, 2 weight registers, 1 broadcast: the classic 6×16 tile). How a
+// panel is cut into tiles never changes an output's chain.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_kernels.h"
+
+namespace conveyor::kernels::internal {
+namespace {
+
+constexpr int kLanes = 8;
+
+// Loads the 8 weights of columns [8q, 8q + 8) at step i of a panel, as float32.
+struct F32Panel {
+  const float* panel;
+  __m256 Load(int i, int q) const { return _mm256_load_ps(panel + i * kGemmPanelWidth + q * 8); }
+};
+
+struct Bf16Panel {
+  const uint16_t* panel;
+  __m256 Load(int i, int q) const {
+    const __m128i raw =
+        _mm_load_si128(reinterpret_cast<const __m128i*>(panel + i * kGemmPanelWidth + q * 8));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+  }
+};
+
+struct Int8Panel {
+  const int8_t* panel;
+  __m256 Load(int i, int q) const {
+    const __m128i raw =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(panel + i * kGemmPanelWidth + q * 8));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+  }
+};
+
+// Lanes [0, valid) of a mask for maskload/maskstore.
+__m256i FirstLanes(int valid) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(std::clamp(valid, 0, kLanes)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Rows [0, kRows) × columns [8·q0, 8·(q0 + kQuads)) of a panel. `cols` counts the panel's
+// valid columns (from column 0); the prefetch hint is spread over the k loop as in the
+// AVX-512 kernel.
+template <int kRows, int kQuads, typename Panel>
+void Tile(const float* x, int ldx, Panel panel, int q0, const float* scales, int k,
+          const float* bias, float* y, int ldy, int cols, const void* prefetch,
+          int prefetch_lines) {
+  __m256 acc[kRows][kQuads];
+#pragma GCC unroll 6
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int q = 0; q < kQuads; ++q) acc[r][q] = _mm256_setzero_ps();
+  }
+  auto step = [&](int i) {
+#pragma GCC unroll 4
+    for (int q = 0; q < kQuads; ++q) {
+      const __m256 b = panel.Load(i, q0 + q);
+#pragma GCC unroll 6
+      for (int r = 0; r < kRows; ++r) {
+        acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * ldx + i), b, acc[r][q]);
+      }
+    }
+  };
+  if (prefetch_lines == 0) {
+    for (int i = 0; i < k; ++i) step(i);
+  } else {
+    const char* line = static_cast<const char*>(prefetch);
+    int credit = 0;
+    for (int i = 0; i < k; ++i) {
+      credit += prefetch_lines;
+      for (; credit >= k; credit -= k, line += 64) _mm_prefetch(line, _MM_HINT_T1);
+      step(i);
+    }
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < kQuads; ++q) {
+    const int col = (q0 + q) * kLanes;
+    const __m256i mask = FirstLanes(cols - col);
+    // Scale and bias come after the chain, so they never change the reduction order.
+    const __m256 scale = scales != nullptr ? _mm256_loadu_ps(scales + col) : _mm256_set1_ps(1.0f);
+    const __m256 b = bias != nullptr ? _mm256_maskload_ps(bias + col, mask) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+    for (int r = 0; r < kRows; ++r) {
+      __m256 v = acc[r][q];
+      if (scales != nullptr) v = _mm256_mul_ps(v, scale);  // Panels' scales are padded to 32.
+      if (bias != nullptr) v = _mm256_add_ps(v, b);
+      _mm256_maskstore_ps(y + static_cast<long>(r) * ldy + col, mask, v);
+    }
+  }
+}
+
+// One group of up to 6 rows over the whole panel.
+template <int kRows, typename Panel>
+void Rows(const float* x, int ldx, Panel panel, const float* scales, int k, const float* bias,
+          float* y, int ldy, int cols, const void* prefetch, int prefetch_lines) {
+  if constexpr (kRows <= 2) {
+    Tile<kRows, 4>(x, ldx, panel, 0, scales, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+  } else {
+    Tile<kRows, 2>(x, ldx, panel, 0, scales, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    if (cols > 16) Tile<kRows, 2>(x, ldx, panel, 2, scales, k, bias, y, ldy, cols, nullptr, 0);
+  }
+}
+
+template <typename Panel>
+void RowGroup(int rows, const float* x, int ldx, Panel panel, const float* scales, int k,
+              const float* bias, float* y, int ldy, int cols, const void* prefetch,
+              int prefetch_lines) {
+  switch (rows) {
+#define CONVEYOR_GEMM_ROWS(R) \
+  case R:                     \
+    return Rows<R>(x, ldx, panel, scales, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+    CONVEYOR_GEMM_ROWS(1)
+    CONVEYOR_GEMM_ROWS(2)
+    CONVEYOR_GEMM_ROWS(3)
+    CONVEYOR_GEMM_ROWS(4)
+    CONVEYOR_GEMM_ROWS(5)
+    CONVEYOR_GEMM_ROWS(6)
+#undef CONVEYOR_GEMM_ROWS
+    default:
+      return;
+  }
+}
+
+// Rows in groups of 6 (the last group takes the rest); the prefetch hint goes with the
+// first group.
+template <typename Panel>
+void Dispatch(const float* x, int ldx, int m, Panel panel, const float* scales, int k,
+              const float* bias, float* y, int ldy, int cols, const void* prefetch,
+              int prefetch_lines) {
+  for (int r = 0; r < m; r += 6) {
+    RowGroup(std::min(6, m - r), x + static_cast<long>(r) * ldx, ldx, panel, scales, k, bias,
+             y + static_cast<long>(r) * ldy, ldy, cols, r == 0 ? prefetch : nullptr,
+             r == 0 ? prefetch_lines : 0);
+  }
+}
+
+}  // namespace
+
+void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const float*, int k,
+                   const float* bias, float* y, int ldy, int cols, const void* prefetch,
+                   int prefetch_lines) {
+  Dispatch(x, ldx, m, F32Panel{static_cast<const float*>(panel)}, nullptr, k, bias, y, ldy, cols,
+           prefetch, prefetch_lines);
+}
+
+void GemmPanelBf16Avx2(const float* x, int ldx, int m, const void* panel, const float*, int k,
+                       const float* bias, float* y, int ldy, int cols, const void* prefetch,
+                       int prefetch_lines) {
+  Dispatch(x, ldx, m, Bf16Panel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
+           cols, prefetch, prefetch_lines);
+}
+
+void GemmPanelInt8Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
+                       int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
+                       int prefetch_lines) {
+  Dispatch(x, ldx, m, Int8Panel{static_cast<const int8_t*>(panel)}, scales, k, bias, y, ldy, cols,
+           prefetch, prefetch_lines);
+}
+
+}  // namespace conveyor::kernels::internal
