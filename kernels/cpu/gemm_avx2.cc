@@ -64,14 +64,18 @@ void Tile(const float* x, int ldx, Panel panel, int q0, const float* scales, int
 #pragma GCC unroll 4
     for (int q = 0; q < kQuads; ++q) acc[r][q] = _mm256_setzero_ps();
   }
+  // The step's weights first, then one row at a time: each broadcast is used at once, so
+  // accumulators, weights and one broadcast fit in the 16 registers (at most 12 + 2 + 1
+  // or 8 + 4 + 1); hoisting all broadcasts would spill accumulators to the stack.
   auto step = [&](int i) {
+    __m256 b[kQuads];
 #pragma GCC unroll 4
-    for (int q = 0; q < kQuads; ++q) {
-      const __m256 b = panel.Load(i, q0 + q);
+    for (int q = 0; q < kQuads; ++q) b[q] = panel.Load(i, q0 + q);
 #pragma GCC unroll 6
-      for (int r = 0; r < kRows; ++r) {
-        acc[r][q] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * ldx + i), b, acc[r][q]);
-      }
+    for (int r = 0; r < kRows; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * ldx + i);
+#pragma GCC unroll 4
+      for (int q = 0; q < kQuads; ++q) acc[r][q] = _mm256_fmadd_ps(a, b[q], acc[r][q]);
     }
   };
   if (prefetch_lines == 0) {
