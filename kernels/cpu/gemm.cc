@@ -78,6 +78,8 @@ using internal::GemmPanelKernel;
 struct Kernels {
   GemmPanelKernel f32, bf16, int8;
   const char* name;
+  // For one row against two panels (gemm_kernels.h); null where the ISA has none.
+  GemmPanelKernel f32_pair = nullptr, bf16_pair = nullptr, int8_pair = nullptr;
 };
 
 // The kernels of the level ActiveCpuIsa() chose (CONVEYOR_CPU_ISA can lower it, so CI
@@ -88,8 +90,10 @@ Kernels SelectKernels() {
       return {internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512,
               internal::GemmPanelInt8Avx512, "avx512"};
     case CpuIsa::kAvx2:
-      return {internal::GemmPanelAvx2, internal::GemmPanelBf16Avx2, internal::GemmPanelInt8Avx2,
-              "avx2"};
+      return {internal::GemmPanelAvx2,        internal::GemmPanelBf16Avx2,
+              internal::GemmPanelInt8Avx2,    "avx2",
+              internal::GemmPanelPairAvx2,    internal::GemmPanelPairBf16Avx2,
+              internal::GemmPanelPairInt8Avx2};
     case CpuIsa::kPortable:
     default:
       return {internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
@@ -191,6 +195,11 @@ void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, con
   const GemmPanelKernel kernel = w.type == CpuWeightDtype::kBf16   ? kernels.bf16
                                  : w.type == CpuWeightDtype::kInt8 ? kernels.int8
                                                                    : kernels.f32;
+  // One row takes the panels two at a time where the ISA has a pair kernel.
+  const GemmPanelKernel pair = m != 1                            ? nullptr
+                               : w.type == CpuWeightDtype::kBf16 ? kernels.bf16_pair
+                               : w.type == CpuWeightDtype::kInt8 ? kernels.int8_pair
+                                                                 : kernels.f32_pair;
   const char* panels = static_cast<const char*>(w.panels);
   const int num_panels = NumPanels(n);
   const size_t panel_bytes = static_cast<size_t>(k) * kGemmPanelWidth * ElementBytes(w.type);
@@ -203,6 +212,8 @@ void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, con
     panels_per_chunk =
         std::clamp<int64_t>(num_panels / (8 * pool->num_threads()), 1, panels_per_chunk);
   }
+  // A pair kernel needs its panels two by two.
+  if (pair != nullptr) panels_per_chunk += panels_per_chunk % 2;
   const int64_t num_chunks = (num_panels + panels_per_chunk - 1) / panels_per_chunk;
   const int row_tiles = (m + internal::kGemmMaxRows - 1) / internal::kGemmMaxRows;
   auto chunk_panels = [&](int64_t chunk) {
@@ -229,6 +240,14 @@ void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, con
       const int rows = std::min(internal::kGemmMaxRows, m - r);
       for (int64_t p = p_begin; p < p_end; ++p) {
         const int col = static_cast<int>(p) * kGemmPanelWidth;
+        if (pair != nullptr && p + 1 < p_end) {  // m == 1: one row tile, no prefetch.
+          pair(x, ldx, 1, panels + static_cast<size_t>(p) * panel_bytes,
+               w.scales != nullptr ? w.scales + col : nullptr, k,
+               bias != nullptr ? bias + col : nullptr, y + col, ldy,
+               std::min(2 * kGemmPanelWidth, n - col), nullptr, 0);
+          ++p;
+          continue;
+        }
         const int lines = r == 0 ? 0 : static_cast<int>(std::min(lines_per_call, prefetch_lines));
         kernel(x + static_cast<size_t>(r) * ldx, ldx, rows,
                panels + static_cast<size_t>(p) * panel_bytes,

@@ -45,6 +45,16 @@ struct Int8Panel {
   }
 };
 
+// Two adjacent panels (of k steps each) as one of 64 columns: quads 0-3 from the first,
+// 4-7 from the second.
+template <typename Panel, typename Element>
+struct PanelPair {
+  Panel first, second;
+  PanelPair(const Element* panel, int k)
+      : first{panel}, second{panel + static_cast<long>(k) * kGemmPanelWidth} {}
+  __m256 Load(int i, int q) const { return q < 4 ? first.Load(i, q) : second.Load(i, q - 4); }
+};
+
 // Lanes [0, valid) of a mask for maskload/maskstore.
 __m256i FirstLanes(int valid) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(std::clamp(valid, 0, kLanes)),
@@ -61,21 +71,30 @@ void Tile(const float* x, int ldx, Panel panel, int q0, const float* scales, int
   __m256 acc[kRows][kQuads];
 #pragma GCC unroll 6
   for (int r = 0; r < kRows; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int q = 0; q < kQuads; ++q) acc[r][q] = _mm256_setzero_ps();
   }
   // The step's weights first, then one row at a time: each broadcast is used at once, so
   // accumulators, weights and one broadcast fit in the 16 registers (at most 12 + 2 + 1
-  // or 8 + 4 + 1); hoisting all broadcasts would spill accumulators to the stack.
+  // or 8 + 4 + 1); hoisting all broadcasts would spill accumulators to the stack. One row
+  // over up to 8 quads (a panel pair) uses each weight register at once instead.
   auto step = [&](int i) {
-    __m256 b[kQuads];
+    if constexpr (kRows == 1) {
+      const __m256 a = _mm256_broadcast_ss(x + i);
+#pragma GCC unroll 8
+      for (int q = 0; q < kQuads; ++q) {
+        acc[0][q] = _mm256_fmadd_ps(a, panel.Load(i, q0 + q), acc[0][q]);
+      }
+    } else {
+      __m256 b[kQuads];
 #pragma GCC unroll 4
-    for (int q = 0; q < kQuads; ++q) b[q] = panel.Load(i, q0 + q);
+      for (int q = 0; q < kQuads; ++q) b[q] = panel.Load(i, q0 + q);
 #pragma GCC unroll 6
-    for (int r = 0; r < kRows; ++r) {
-      const __m256 a = _mm256_broadcast_ss(x + r * ldx + i);
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 a = _mm256_broadcast_ss(x + r * ldx + i);
 #pragma GCC unroll 4
-      for (int q = 0; q < kQuads; ++q) acc[r][q] = _mm256_fmadd_ps(a, b[q], acc[r][q]);
+        for (int q = 0; q < kQuads; ++q) acc[r][q] = _mm256_fmadd_ps(a, b[q], acc[r][q]);
+      }
     }
   };
   if (prefetch_lines == 0) {
@@ -89,7 +108,7 @@ void Tile(const float* x, int ldx, Panel panel, int q0, const float* scales, int
       step(i);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int q = 0; q < kQuads; ++q) {
     const int col = (q0 + q) * kLanes;
     const __m256i mask = FirstLanes(cols - col);
@@ -172,6 +191,26 @@ void GemmPanelInt8Avx2(const float* x, int ldx, int m, const void* panel, const 
                        int prefetch_lines) {
   Dispatch(x, ldx, m, Int8Panel{static_cast<const int8_t*>(panel)}, scales, k, bias, y, ldy, cols,
            prefetch, prefetch_lines);
+}
+
+// One row against two adjacent panels (cols <= 64): eight FMA chains instead of four,
+// which keeps the FMA units busy while a decode step streams the weights.
+void GemmPanelPairAvx2(const float* x, int, int, const void* panel, const float*, int k,
+                       const float* bias, float* y, int, int cols, const void*, int) {
+  Tile<1, 8>(x, 0, PanelPair<F32Panel, float>(static_cast<const float*>(panel), k), 0, nullptr, k,
+             bias, y, 0, cols, nullptr, 0);
+}
+
+void GemmPanelPairBf16Avx2(const float* x, int, int, const void* panel, const float*, int k,
+                           const float* bias, float* y, int, int cols, const void*, int) {
+  Tile<1, 8>(x, 0, PanelPair<Bf16Panel, uint16_t>(static_cast<const uint16_t*>(panel), k), 0,
+             nullptr, k, bias, y, 0, cols, nullptr, 0);
+}
+
+void GemmPanelPairInt8Avx2(const float* x, int, int, const void* panel, const float* scales, int k,
+                           const float* bias, float* y, int, int cols, const void*, int) {
+  Tile<1, 8>(x, 0, PanelPair<Int8Panel, int8_t>(static_cast<const int8_t*>(panel), k), 0, scales, k,
+             bias, y, 0, cols, nullptr, 0);
 }
 
 }  // namespace conveyor::kernels::internal

@@ -17,6 +17,11 @@ using GemmPanelKernel = void (*)(const float* x, int ldx, int m, const void* pan
 
 inline constexpr int kGemmMaxRows = 12;
 
+// The *Pair* kernels take one row (m == 1) against two adjacent panels of k steps each
+// (`panel` is the first; cols <= 64 counts from its column 0; scales and bias cover
+// both): the same chains as two single-panel calls, twice as many at once. Where an ISA
+// has them, GemmPackedAs uses them for m == 1.
+
 // float32 panels. The AVX-512, AVX2 and portable kernels of a type give the same bits.
 void GemmPanelAvx512(const float* x, int ldx, int m, const void* panel, const float* scales, int k,
                      const float* bias, float* y, int ldy, int cols, const void* prefetch,
@@ -24,6 +29,9 @@ void GemmPanelAvx512(const float* x, int ldx, int m, const void* panel, const fl
 void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const float* scales, int k,
                    const float* bias, float* y, int ldy, int cols, const void* prefetch,
                    int prefetch_lines);
+void GemmPanelPairAvx2(const float* x, int ldx, int m, const void* panel, const float* scales,
+                       int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
+                       int prefetch_lines);
 void GemmPanelPortable(const float* x, int ldx, int m, const void* panel, const float* scales,
                        int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines);
@@ -34,6 +42,9 @@ void GemmPanelBf16Avx512(const float* x, int ldx, int m, const void* panel, cons
 void GemmPanelBf16Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
                        int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines);
+void GemmPanelPairBf16Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
+                           int k, const float* bias, float* y, int ldy, int cols,
+                           const void* prefetch, int prefetch_lines);
 void GemmPanelBf16Portable(const float* x, int ldx, int m, const void* panel, const float* scales,
                            int k, const float* bias, float* y, int ldy, int cols,
                            const void* prefetch, int prefetch_lines);
@@ -45,6 +56,9 @@ void GemmPanelInt8Avx512(const float* x, int ldx, int m, const void* panel, cons
 void GemmPanelInt8Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
                        int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines);
+void GemmPanelPairInt8Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
+                           int k, const float* bias, float* y, int ldy, int cols,
+                           const void* prefetch, int prefetch_lines);
 void GemmPanelInt8Portable(const float* x, int ldx, int m, const void* panel, const float* scales,
                            int k, const float* bias, float* y, int ldy, int cols,
                            const void* prefetch, int prefetch_lines);

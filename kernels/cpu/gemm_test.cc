@@ -238,6 +238,33 @@ TEST_P(TypedGemmTest, EveryInstructionPathGivesThePortableBits) {
       }
     }
   }
+  // AVX2's pair kernel (one row, two adjacent panels, what GemmPackedAs runs for m == 1).
+  if (DetectedCpuIsa() >= CpuIsa::kAvx2) {
+    const GemmPanelKernel pair = pick(internal::GemmPanelPairAvx2, internal::GemmPanelPairBf16Avx2,
+                                      internal::GemmPanelPairInt8Avx2);
+    for (int n : {64, 61, 40, 33}) {
+      auto w = Random(n * k, 27 + n);
+      auto bias = Random(n, 28 + n);
+      auto x = Random(k, 29 + n);
+      TypedPacked packed(type, w, n, k);
+      for (const float* b :
+           {static_cast<const float*>(bias.data()), static_cast<const float*>(nullptr)}) {
+        std::vector<float> got(n, NAN), want(n, NAN);
+        pair(x.data(), k, 1, packed.weight.panels, packed.weight.scales, k, b, got.data(), n, n,
+             nullptr, 0);
+        portable(x.data(), k, 1, packed.weight.panels, packed.weight.scales, k, b, want.data(), n,
+                 kGemmPanelWidth, nullptr, 0);
+        const size_t second = PackedGemmPanelBytes(type, kGemmPanelWidth, k);
+        portable(x.data(), k, 1, static_cast<const char*>(packed.weight.panels) + second,
+                 packed.weight.scales != nullptr ? packed.weight.scales + kGemmPanelWidth : nullptr,
+                 k, b != nullptr ? b + kGemmPanelWidth : nullptr, want.data() + kGemmPanelWidth, n,
+                 n - kGemmPanelWidth, nullptr, 0);
+        ASSERT_TRUE(SameBits(got.data(), want.data(), got.size()))
+            << "avx2 pair " << CpuWeightDtypeName(type) << " n=" << n;
+        ++compared;
+      }
+    }
+  }
   if (compared == 0) GTEST_SKIP() << "CPU has neither AVX2+FMA nor AVX-512";
   std::printf("%s: %d kernel calls compared up to %s\n", CpuWeightDtypeName(type), compared,
               CpuIsaName(DetectedCpuIsa()));
