@@ -224,7 +224,14 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
     const std::string address =
         absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_metrics_port));
-    exposer = std::make_unique<prometheus::Exposer>(address);
+    // prometheus-cpp reports a port it cannot bind by throwing; say which flag to fix
+    // instead of aborting.
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(address);
+    } catch (const std::exception& e) {
+      spdlog::error("cannot serve metrics on {} (--metrics_port): {}", address, e.what());
+      return 1;
+    }
     exposer->RegisterCollectable(registry);
     spdlog::info("metrics on http://{}/metrics", address);
   }

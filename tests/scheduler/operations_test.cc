@@ -1,7 +1,11 @@
 // What an operator relies on, checked on real processes: gRPC health (NOT_SERVING until
 // the workers are ready), reflection, a metrics page that promtool accepts and that agrees
 // with what clients received, and a graceful drain on SIGTERM.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -12,6 +16,7 @@
 #include "health.grpc.pb.h"
 #include "reflection.grpc.pb.h"
 #include "tests/support/server_process.h"
+#include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 
 namespace conveyor::testing {
@@ -51,6 +56,27 @@ TEST(OperationsTest, SigtermWhileWaitingForWorkersExitsZeroAtOnce) {
   EXPECT_EQ(Health(server), HealthStatus::NOT_SERVING);
   server.scheduler().Signal(SIGTERM);
   EXPECT_EQ(server.scheduler().Wait(10s), 0);
+}
+
+// A metrics port that another process holds is an error naming the flag, exit 1: not an
+// abort from prometheus-cpp's exception.
+TEST(OperationsTest, ATakenMetricsPortIsAnErrorNotACrash) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  auto p = Subprocess::Start({SchedulerBinary(), "--model=" + TestModelDir("llama3_gqa"),
+                              "--port=0", "--workers=127.0.0.1:1",
+                              "--metrics_port=" + std::to_string(ntohs(addr.sin_port))});
+  ASSERT_TRUE(p.has_value());
+  p->DrainStdout();
+  EXPECT_EQ(p->Wait(30s), 1);  // nullopt would be a death by signal.
+  close(fd);
 }
 
 TEST(OperationsTest, ReflectionListsTheServices) {

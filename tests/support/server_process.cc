@@ -24,18 +24,24 @@ Server::Server(std::vector<std::string> flags, bool start_worker) {
     worker_->DrainStdout();
   }
   worker_address_ = workers;
-  metrics_port_ = FreePort();
-  std::vector<std::string> argv = {SchedulerBinary(),
-                                   "--port=0",
-                                   "--metrics_port=" + std::to_string(metrics_port_),
-                                   "--model=" + TestModelDir("llama3_gqa"),
-                                   "--workers=" + workers,
-                                   "--block_size=4"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto scheduler = Subprocess::Start(argv);
-  EXPECT_TRUE(scheduler.has_value());
-  scheduler_.emplace(std::move(*scheduler));
-  const auto line = scheduler_->WaitForLine("listening on", 30s);
+  // FreePort's port can be taken by another test before the scheduler binds it; the
+  // scheduler then exits with an error, and a new port is tried.
+  std::optional<std::string> line;
+  for (int attempt = 0; attempt < 3 && !line.has_value(); ++attempt) {
+    metrics_port_ = FreePort();
+    std::vector<std::string> argv = {SchedulerBinary(),
+                                     "--port=0",
+                                     "--metrics_port=" + std::to_string(metrics_port_),
+                                     "--model=" + TestModelDir("llama3_gqa"),
+                                     "--workers=" + workers,
+                                     "--block_size=4"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto scheduler = Subprocess::Start(argv);
+    EXPECT_TRUE(scheduler.has_value());
+    scheduler_.reset();
+    scheduler_.emplace(std::move(*scheduler));
+    line = scheduler_->WaitForLine("listening on", 30s);
+  }
   EXPECT_TRUE(line.has_value());
   scheduler_->DrainStdout();
   channel_ =
