@@ -40,7 +40,7 @@ TEST(ServerTest, SixtyFourConcurrentStreamsFinishAndEveryPolicyMatchesAlone) {
       EXPECT_EQ(streams[i].last.usage().generated_tokens(),
                 static_cast<int>(streams[i].tokens.size()));
     }
-    EXPECT_EQ(server.Metric("conveyor_requests_running"), 0);
+    EXPECT_EQ(server.MetricSettled("conveyor_requests_running", 0), 0);
   }
 }
 
@@ -62,7 +62,7 @@ TEST(ServerTest, PreemptionUnderASmallKvBudgetKeepsOutputsEqual) {
     EXPECT_EQ(streams[i].tokens, alone[i].tokens) << "request " << i;
   }
   EXPECT_GT(server.Metric("conveyor_preemptions_total"), 0);
-  EXPECT_EQ(server.Metric("conveyor_kv_blocks_used"), 0);
+  EXPECT_EQ(server.MetricSettled("conveyor_kv_blocks_used", 0), 0);
 }
 
 TEST(ServerTest, RepeatedPrefixIsServedFromTheCache) {
@@ -105,8 +105,8 @@ TEST(ServerTest, CancellingHalfTheStreamsLeavesEveryBlockFree) {
   for (int i = 0; i < 100 && server.Metric("conveyor_kv_blocks_used") != 0; ++i) {
     std::this_thread::sleep_for(20ms);
   }
-  EXPECT_EQ(server.Metric("conveyor_kv_blocks_used"), 0);
-  EXPECT_EQ(server.Metric("conveyor_requests_running"), 0);
+  EXPECT_EQ(server.MetricSettled("conveyor_kv_blocks_used", 0), 0);
+  EXPECT_EQ(server.MetricSettled("conveyor_requests_running", 0), 0);
 }
 
 TEST(ServerTest, ErrorsHaveTheirStatusCodes) {

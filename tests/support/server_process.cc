@@ -88,6 +88,17 @@ double Server::Metric(const std::string& name) {
   return std::stod(m[2]);
 }
 
+double Server::MetricSettled(const std::string& name, double expected,
+                             std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  double value = Metric(name);
+  while (value != expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    value = Metric(name);
+  }
+  return value;
+}
+
 double Server::MetricSum(const std::string& name) {
   const auto page = MetricsPage();
   if (!page) return -1;

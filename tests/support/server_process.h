@@ -40,6 +40,11 @@ class Server {
 
   // The value of the first sample of metric `name`, or -1.
   double Metric(const std::string& name);
+  // Metric(name) once it equals `expected`, or its last value after `timeout`. For gauges
+  // the engine publishes once per loop iteration: a stream's last message can arrive
+  // just before the iteration that retires the request and updates them.
+  double MetricSettled(const std::string& name, double expected,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(5));
   // The sum over every labelled sample of metric `name` (0 if none).
   double MetricSum(const std::string& name);
   // The whole metrics page, or nullopt.
