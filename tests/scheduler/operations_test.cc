@@ -139,6 +139,7 @@ TEST(OperationsTest, SigtermDrainsRunningStreamsRefusesNewOnesAndExitsZero) {
   std::vector<Stream> streams(16);
   std::atomic<int> started{0};
   std::vector<std::thread> threads;
+  threads.reserve(16);
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
       streams[i] = server.Generate(Greedy({1, 11, static_cast<int32_t>(40 + i)}, 1500), 120s,
@@ -167,6 +168,7 @@ TEST(OperationsTest, DrainTimeoutEndsWhatIsLeftWithAStatus) {
   std::vector<Stream> streams(4);
   std::atomic<int> started{0};
   std::vector<std::thread> threads;
+  threads.reserve(4);
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
       streams[i] = server.Generate(Greedy({1, 12, static_cast<int32_t>(50 + i)}, 1900), 120s,

@@ -61,7 +61,7 @@ bool Server::WaitReady() {
 }
 
 Stream Server::Generate(const v1::GenerateRequest& request, std::chrono::milliseconds timeout,
-                        std::function<bool(const Stream&)> cancel_when) {
+                        const std::function<bool(const Stream&)>& cancel_when) {
   Stream s;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);

@@ -36,7 +36,7 @@ class Server {
   // Streams one generation; `cancel_when` is asked after each message.
   Stream Generate(const v1::GenerateRequest& request,
                   std::chrono::milliseconds timeout = std::chrono::seconds(120),
-                  std::function<bool(const Stream&)> cancel_when = {});
+                  const std::function<bool(const Stream&)>& cancel_when = {});
 
   // The value of the first sample of metric `name`, or -1.
   double Metric(const std::string& name);
