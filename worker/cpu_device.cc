@@ -1,12 +1,11 @@
 #include "worker/cpu_device.h"
 
-#include <cpuid.h>
-
 #include <algorithm>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "spdlog/spdlog.h"
 #include "worker/gloo_communicator.h"
 
@@ -28,17 +27,6 @@ uint64_t AvailableMemoryBytes() {
     if (key == "MemAvailable:") return kib * 1024;
   }
   return 0;
-}
-
-// AVX512-BF16 (CPUID.(7,1):EAX[5]) or AMX-BF16 (CPUID.(7,0):EDX[22]), read from CPUID
-// directly: compilers differ in which names __builtin_cpu_supports knows.
-bool CpuHasBf16Arithmetic() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
-  const bool amx_bf16 = ((edx >> 22) & 1u) != 0;
-  if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return amx_bf16;
-  const bool avx512_bf16 = ((eax >> 5) & 1u) != 0;
-  return amx_bf16 || avx512_bf16;
 }
 
 const char* ChoiceName(CpuWeightChoice choice) {
@@ -132,7 +120,7 @@ kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice,
   // f16 one rounds 3 more mantissa bits away), and every decode step reads half the bytes.
   // The CPUs that compute in bf16 are where it was asked for (docs/cpu-weights.md).
   const bool half_checkpoint = torch_dtype == "bfloat16" || torch_dtype == "float16";
-  const bool bf16_cpu = CpuHasBf16Arithmetic();
+  const bool bf16_cpu = kernels::CpuHasBf16Arithmetic();
   return half_checkpoint && bf16_cpu ? kernels::CpuWeightDtype::kBf16
                                      : kernels::CpuWeightDtype::kF32;
 }

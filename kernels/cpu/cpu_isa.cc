@@ -70,25 +70,46 @@ std::string CpuIsaEnvironmentError() {
   return "";
 }
 
+namespace {
+
+struct Feature {
+  unsigned leaf, subleaf;
+  char reg;  // 'a', 'b', 'c' or 'd': the CPUID output register.
+  int bit;
+  const char* name;
+};
+
+constexpr Feature kAvx512Bf16 = {7, 1, 'a', 5, "avx512_bf16"};
+constexpr Feature kAmxBf16 = {7, 0, 'd', 22, "amx_bf16"};
+constexpr Feature kFeatures[] = {
+    {7, 0, 'b', 5, "avx2"},
+    {1, 0, 'c', 12, "fma"},
+    {7, 0, 'b', 16, "avx512f"},
+    {7, 0, 'b', 31, "avx512vl"},
+    kAvx512Bf16,
+    {7, 0, 'c', 11, "avx512_vnni"},
+    {7, 0, 'd', 23, "avx512_fp16"},
+    {7, 1, 'a', 4, "avx_vnni"},
+    {7, 0, 'd', 24, "amx_tile"},
+    kAmxBf16,
+    {7, 0, 'd', 25, "amx_int8"},
+};
+
+bool Has(const Feature& f) {
+  unsigned r[4] = {0, 0, 0, 0};  // eax, ebx, ecx, edx
+  if (__get_cpuid_count(f.leaf, f.subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
+  const unsigned reg = f.reg == 'a' ? r[0] : f.reg == 'b' ? r[1] : f.reg == 'c' ? r[2] : r[3];
+  return ((reg >> f.bit) & 1u) != 0;
+}
+
+}  // namespace
+
+bool CpuHasBf16Arithmetic() { return Has(kAvx512Bf16) || Has(kAmxBf16); }
+
 std::string CpuFeatureSummary() {
-  struct Feature {
-    unsigned leaf, subleaf;
-    char reg;  // 'b', 'c' or 'd' (or 'a').
-    int bit;
-    const char* name;
-  };
-  static constexpr Feature kFeatures[] = {
-      {7, 0, 'b', 5, "avx2"},         {1, 0, 'c', 12, "fma"},        {7, 0, 'b', 16, "avx512f"},
-      {7, 0, 'b', 31, "avx512vl"},    {7, 1, 'a', 5, "avx512_bf16"}, {7, 0, 'c', 11, "avx512_vnni"},
-      {7, 0, 'd', 23, "avx512_fp16"}, {7, 1, 'a', 4, "avx_vnni"},    {7, 0, 'd', 24, "amx_tile"},
-      {7, 0, 'd', 22, "amx_bf16"},    {7, 0, 'd', 25, "amx_int8"},
-  };
   std::string out;
   for (const Feature& f : kFeatures) {
-    unsigned r[4] = {0, 0, 0, 0};  // eax, ebx, ecx, edx
-    if (__get_cpuid_count(f.leaf, f.subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) continue;
-    const unsigned reg = f.reg == 'a' ? r[0] : f.reg == 'b' ? r[1] : f.reg == 'c' ? r[2] : r[3];
-    if (((reg >> f.bit) & 1u) != 0) absl::StrAppend(&out, out.empty() ? "" : " ", f.name);
+    if (Has(f)) absl::StrAppend(&out, out.empty() ? "" : " ", f.name);
   }
   return out.empty() ? "none of avx2/fma/avx512" : out;
 }

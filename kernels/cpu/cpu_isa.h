@@ -34,6 +34,10 @@ CpuIsa ActiveCpuIsa();
 // else a message saying what to set instead. (ActiveCpuIsa ignores an unusable value.)
 std::string CpuIsaEnvironmentError();
 
+// Whether the CPU has bf16 arithmetic (AVX512-BF16 or AMX-BF16), read from CPUID directly:
+// compilers differ in which names __builtin_cpu_supports knows.
+bool CpuHasBf16Arithmetic();
+
 // The x86 features that matter to the kernels and that this CPU has, for the log, e.g.
 // "avx2 fma avx512f avx512_bf16 avx512_vnni amx_bf16 amx_int8".
 std::string CpuFeatureSummary();

@@ -77,7 +77,6 @@ using internal::GemmPanelKernel;
 
 struct Kernels {
   GemmPanelKernel f32, bf16, int8;
-  const char* name;
   // For one row against two panels (gemm_kernels.h); null where the ISA has none.
   GemmPanelKernel f32_pair = nullptr, bf16_pair = nullptr, int8_pair = nullptr;
 };
@@ -88,16 +87,15 @@ Kernels SelectKernels() {
   switch (ActiveCpuIsa()) {
     case CpuIsa::kAvx512:
       return {internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512,
-              internal::GemmPanelInt8Avx512, "avx512"};
+              internal::GemmPanelInt8Avx512};
     case CpuIsa::kAvx2:
-      return {internal::GemmPanelAvx2,        internal::GemmPanelBf16Avx2,
-              internal::GemmPanelInt8Avx2,    "avx2",
-              internal::GemmPanelPairAvx2,    internal::GemmPanelPairBf16Avx2,
-              internal::GemmPanelPairInt8Avx2};
+      return {internal::GemmPanelAvx2,         internal::GemmPanelBf16Avx2,
+              internal::GemmPanelInt8Avx2,     internal::GemmPanelPairAvx2,
+              internal::GemmPanelPairBf16Avx2, internal::GemmPanelPairInt8Avx2};
     case CpuIsa::kPortable:
     default:
       return {internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
-              internal::GemmPanelInt8Portable, "portable"};
+              internal::GemmPanelInt8Portable};
   }
 }
 
@@ -137,7 +135,7 @@ void PackPanels(const float* w, int n, int k, T* packed, Convert convert) {
 
 }  // namespace
 
-const char* GemmKernelName() { return CpuKernels().name; }
+const char* GemmKernelName() { return CpuIsaName(ActiveCpuIsa()); }
 
 size_t PackedGemmPanelBytes(CpuWeightDtype type, int n, int k) {
   return static_cast<size_t>(NumPanels(n)) * k * kGemmPanelWidth * ElementBytes(type);
