@@ -1,4 +1,4 @@
-// How the CPU backend stores linear-layer weights (activations are float32 either way):
+// How the CPU backend stores linear-layer weights (docs/cpu-weights.md):
 // the one enum the backend factory (backend.h), the packed GEMM (cpu/gemm.h) and the
 // benchmarks share.
 #pragma once
@@ -7,7 +7,7 @@ namespace conveyor::kernels {
 
 enum class CpuWeightDtype {
   kF32,
-  kBf16,  // Half the bytes; rounded to nearest even, so exact for a bf16 checkpoint.
+  kBf16,  // Half the bytes; bf16 products (GEMM inputs rounded too), float32 sums.
   kInt8,  // A quarter: weight-only, symmetric, one scale per output channel.
 };
 

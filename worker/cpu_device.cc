@@ -118,9 +118,11 @@ kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice,
   }
   // A 16-bit checkpoint is already rounded: as bf16 weights a bf16 one loses nothing (an
   // f16 one rounds 3 more mantissa bits away), and every decode step reads half the bytes.
-  // The CPUs that compute in bf16 are where it was asked for (docs/cpu-weights.md).
+  // Where the kernels compute in bf16 (AVX512-BF16, not lowered by CONVEYOR_CPU_ISA) it is
+  // also twice the arithmetic rate; elsewhere the same bits cost an FMA per product
+  // (docs/cpu-weights.md).
   const bool half_checkpoint = torch_dtype == "bfloat16" || torch_dtype == "float16";
-  const bool bf16_cpu = kernels::CpuHasBf16Arithmetic();
+  const bool bf16_cpu = kernels::ActiveCpuIsa() >= kernels::CpuIsa::kAvx512Bf16;
   return half_checkpoint && bf16_cpu ? kernels::CpuWeightDtype::kBf16
                                      : kernels::CpuWeightDtype::kF32;
 }

@@ -15,7 +15,7 @@ namespace conveyor::worker {
 
 // --cpu_weight_dtype: how linear-layer weights are stored (docs/cpu-weights.md).
 enum class CpuWeightChoice {
-  kAuto,  // bf16 for a bf16/f16 checkpoint on a CPU with AVX512-BF16 or AMX-BF16, else f32.
+  kAuto,  // bf16 for a bf16/f16 checkpoint where the kernels have AVX512-BF16, else f32.
   kF32,
   kBf16,
   kInt8,

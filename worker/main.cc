@@ -43,7 +43,7 @@ ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses one per core.");
 ABSL_FLAG(std::string, cpu_weight_dtype, "auto",
           "cpu: how linear-layer weights are stored: f32, bf16 (half the bytes), int8 "
           "(weight-only, per-channel scales: a quarter), or auto (bf16 for a bf16/f16 "
-          "checkpoint on a CPU with AVX512-BF16 or AMX, else f32).");
+          "checkpoint where the kernels compute in bf16 (AVX512-BF16), else f32).");
 ABSL_FLAG(std::string, collective_host, "",
           "Address the other tensor-parallel ranks reach this one at (cpu: Gloo's rendezvous "
           "store and TCP pairs). Empty: --host, or this machine's hostname when --host is "

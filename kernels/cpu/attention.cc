@@ -136,7 +136,7 @@ void PagedAttentionCpu(const float* q, int q_row_stride, const AttentionBatch& b
   // takes the same kernel; AVX-512 and AVX2 give the same bits.
   internal::AttentionTileKernel kernel = internal::AttentionTilePortable;
   if (shape.head_dim % 16 == 0) {
-    if (ActiveCpuIsa() == CpuIsa::kAvx512) kernel = internal::AttentionTileAvx512;
+    if (ActiveCpuIsa() >= CpuIsa::kAvx512) kernel = internal::AttentionTileAvx512;
     if (ActiveCpuIsa() == CpuIsa::kAvx2) kernel = internal::AttentionTileAvx2;
   }
   internal::PagedAttentionWith(kernel, args, pool);

@@ -9,9 +9,16 @@
 namespace conveyor::kernels {
 namespace {
 
-// __builtin_cpu_supports checks the OS's register state (XGETBV) as well as CPUID.
+bool HasAvx512Bf16();
+
+// __builtin_cpu_supports checks the OS's register state (XGETBV) as well as CPUID (read
+// directly for AVX512-BF16: compilers differ in which names __builtin_cpu_supports knows;
+// it needs no register state beyond AVX-512F's).
 CpuIsa Detect() {
-  if (__builtin_cpu_supports("avx512f")) return CpuIsa::kAvx512;
+  if (__builtin_cpu_supports("avx512f")) {
+    return __builtin_cpu_supports("avx512bw") && HasAvx512Bf16() ? CpuIsa::kAvx512Bf16
+                                                                 : CpuIsa::kAvx512;
+  }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::kAvx2;
   return CpuIsa::kPortable;
 }
@@ -26,6 +33,8 @@ std::optional<CpuIsa> Requested() {
 
 const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAvx512Bf16:
+      return "avx512_bf16";
     case CpuIsa::kAvx512:
       return "avx512";
     case CpuIsa::kAvx2:
@@ -37,7 +46,7 @@ const char* CpuIsaName(CpuIsa isa) {
 }
 
 std::optional<CpuIsa> ParseCpuIsa(std::string_view name) {
-  for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (name == CpuIsaName(isa)) return isa;
   }
   return std::nullopt;
@@ -61,7 +70,8 @@ std::string CpuIsaEnvironmentError() {
   if (value == nullptr || *value == '\0') return "";
   const std::optional<CpuIsa> requested = ParseCpuIsa(value);
   if (!requested.has_value()) {
-    return absl::StrCat("CONVEYOR_CPU_ISA must be portable, avx2 or avx512, got \"", value, "\"");
+    return absl::StrCat("CONVEYOR_CPU_ISA must be portable, avx2, avx512 or avx512_bf16, got \"",
+                        value, "\"");
   }
   if (*requested > DetectedCpuIsa()) {
     return absl::StrCat("CONVEYOR_CPU_ISA=", value, " asks for more than this CPU has (",
@@ -80,7 +90,6 @@ struct Feature {
 };
 
 constexpr Feature kAvx512Bf16 = {7, 1, 'a', 5, "avx512_bf16"};
-constexpr Feature kAmxBf16 = {7, 0, 'd', 22, "amx_bf16"};
 constexpr Feature kFeatures[] = {
     {7, 0, 'b', 5, "avx2"},
     {1, 0, 'c', 12, "fma"},
@@ -91,7 +100,7 @@ constexpr Feature kFeatures[] = {
     {7, 0, 'd', 23, "avx512_fp16"},
     {7, 1, 'a', 4, "avx_vnni"},
     {7, 0, 'd', 24, "amx_tile"},
-    kAmxBf16,
+    {7, 0, 'd', 22, "amx_bf16"},
     {7, 0, 'd', 25, "amx_int8"},
 };
 
@@ -102,9 +111,9 @@ bool Has(const Feature& f) {
   return ((reg >> f.bit) & 1u) != 0;
 }
 
-}  // namespace
+bool HasAvx512Bf16() { return Has(kAvx512Bf16); }
 
-bool CpuHasBf16Arithmetic() { return Has(kAvx512Bf16) || Has(kAmxBf16); }
+}  // namespace
 
 std::string CpuFeatureSummary() {
   std::string out;

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/gemm_kernels.h"
@@ -17,6 +19,7 @@ uint16_t ToBf16(float f) {
   uint32_t bits = 0;
   std::memcpy(&bits, &f, sizeof(bits));
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  if ((bits & 0x7f800000u) == 0) return static_cast<uint16_t>((bits >> 16) & 0x8000u);
   bits += 0x7fffu + ((bits >> 16) & 1u);  // Round to nearest, ties to even.
   return static_cast<uint16_t>(bits >> 16);
 }
@@ -26,6 +29,27 @@ float FromBf16(uint16_t b) {
   float f = 0;
   std::memcpy(&f, &bits, sizeof(f));
   return f;
+}
+
+void RoundBf16Activations(const float* x, int ldx, int m, int k, Bf16Activations layout,
+                          void* out) {
+  const int padded = Bf16PaddedK(k);
+  for (int r = 0; r < m; ++r) {
+    const float* row = x + static_cast<size_t>(r) * ldx;
+    if (layout == Bf16Activations::kPairs) {
+      char* dst = static_cast<char*>(out) + static_cast<size_t>(r) * padded * sizeof(uint16_t);
+      for (int i = 0; i < padded; i += 2) {
+        const uint32_t pair = ToBf16(row[i]) | (i + 1 < k ? uint32_t{ToBf16(row[i + 1])} << 16 : 0);
+        std::memcpy(dst + i * sizeof(uint16_t), &pair, sizeof(pair));
+      }
+    } else {
+      float* dst = static_cast<float*>(out) + static_cast<size_t>(r) * padded;
+      for (int i = 0; i < padded; ++i) {
+        const int from = i ^ 1;  // The pair's odd element first.
+        dst[i] = from < k ? FromBf16(ToBf16(row[from])) : 0.0f;
+      }
+    }
+  }
 }
 
 namespace {
@@ -55,10 +79,23 @@ void GemmPanelPortable(const float* x, int ldx, int m, const void* panel, const 
   PortablePanel(x, ldx, m, k, nullptr, bias, y, ldy, cols, [w](int i) { return w[i]; });
 }
 
+// vdpbf16ps's arithmetic in scalar operations: x is in chain order, step i takes the
+// weight of k = i ^ 1, and every sum flushes a denormal to zero.
 void GemmPanelBf16Portable(const float* x, int ldx, int m, const void* panel, const float*, int k,
                            const float* bias, float* y, int ldy, int cols, const void*, int) {
   const auto* w = static_cast<const uint16_t*>(panel);
-  PortablePanel(x, ldx, m, k, nullptr, bias, y, ldy, cols, [w](int i) { return FromBf16(w[i]); });
+  const auto flush = [](float v) { return std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v; };
+  for (int r = 0; r < m; ++r) {
+    for (int j = 0; j < cols; ++j) {
+      float acc = 0.0f;
+      for (int i = 0; i < k; ++i) {
+        const float weight = FromBf16(w[(i >> 1) * 2 * kGemmPanelWidth + 2 * j + ((i & 1) ^ 1)]);
+        acc = flush(std::fma(x[r * ldx + i], weight, acc));
+      }
+      // MXCSR's denormals-are-zero applies to the bias as an input too.
+      y[static_cast<long>(r) * ldy + j] = bias != nullptr ? flush(acc + flush(bias[j])) : acc;
+    }
+  }
 }
 
 void GemmPanelInt8Portable(const float* x, int ldx, int m, const void* panel, const float* scales,
@@ -79,15 +116,29 @@ struct Kernels {
   GemmPanelKernel f32, bf16, int8;
   // For one row against two panels (gemm_kernels.h); null where the ISA has none.
   GemmPanelKernel f32_pair = nullptr, bf16_pair = nullptr, int8_pair = nullptr;
+  // The activations bf16 takes: pairs for vdpbf16ps, else float32 in chain order; and
+  // what rounds them (the vector one where there is one).
+  internal::Bf16Activations bf16_activations = internal::Bf16Activations::kChainOrder;
+  void (*round_bf16_pairs)(const float* x, int ldx, int m, int k, void* out) = nullptr;
 };
 
 // The kernels of the level ActiveCpuIsa() chose (CONVEYOR_CPU_ISA can lower it, so CI
 // exercises every level up to the machine's own).
 Kernels SelectKernels() {
   switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512Bf16:
+      return {internal::GemmPanelAvx512,
+              internal::GemmPanelBf16Avx512Bf16,
+              internal::GemmPanelInt8Avx512,
+              internal::GemmPanelPairAvx512,
+              internal::GemmPanelPairBf16Avx512Bf16,
+              internal::GemmPanelPairInt8Avx512,
+              internal::Bf16Activations::kPairs,
+              internal::RoundBf16PairsAvx512Bf16};
     case CpuIsa::kAvx512:
-      return {internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512,
-              internal::GemmPanelInt8Avx512};
+      return {internal::GemmPanelAvx512,         internal::GemmPanelBf16Avx512,
+              internal::GemmPanelInt8Avx512,     internal::GemmPanelPairAvx512,
+              internal::GemmPanelPairBf16Avx512, internal::GemmPanelPairInt8Avx512};
     case CpuIsa::kAvx2:
       return {internal::GemmPanelAvx2,         internal::GemmPanelBf16Avx2,
               internal::GemmPanelInt8Avx2,     internal::GemmPanelPairAvx2,
@@ -118,6 +169,11 @@ size_t ElementBytes(CpuWeightDtype type) {
   }
 }
 
+// The k steps a panel of `type` holds: bf16 takes k in pairs.
+int PanelSteps(CpuWeightDtype type, int k) {
+  return type == CpuWeightDtype::kBf16 ? internal::Bf16PaddedK(k) : k;
+}
+
 // Writes each panel's elements k-major ([k][32]), columns past n as zero.
 template <typename T, typename Convert>
 void PackPanels(const float* w, int n, int k, T* packed, Convert convert) {
@@ -138,7 +194,8 @@ void PackPanels(const float* w, int n, int k, T* packed, Convert convert) {
 const char* GemmKernelName() { return CpuIsaName(ActiveCpuIsa()); }
 
 size_t PackedGemmPanelBytes(CpuWeightDtype type, int n, int k) {
-  return static_cast<size_t>(NumPanels(n)) * k * kGemmPanelWidth * ElementBytes(type);
+  return static_cast<size_t>(NumPanels(n)) * PanelSteps(type, k) * kGemmPanelWidth *
+         ElementBytes(type);
 }
 
 size_t PackedGemmScaleBytes(CpuWeightDtype type, int n) {
@@ -157,10 +214,22 @@ void PackGemmWeightAs(CpuWeightDtype type, const float* w, int n, int k, PackedG
     case CpuWeightDtype::kF32:
       PackPanels(w, n, k, static_cast<float*>(out->panels), [](int, float v) { return v; });
       return;
-    case CpuWeightDtype::kBf16:
-      PackPanels(w, n, k, static_cast<uint16_t*>(out->panels),
-                 [](int, float v) { return internal::ToBf16(v); });
+    case CpuWeightDtype::kBf16: {
+      // Pair j of a panel's column c: bf16(w[c][2j]), then bf16(w[c][2j + 1]) (zero past k).
+      auto* packed = static_cast<uint16_t*>(out->panels);
+      const int steps = internal::Bf16PaddedK(k);
+      for (int p = 0; p < NumPanels(n); ++p) {
+        uint16_t* panel = packed + static_cast<size_t>(p) * steps * kGemmPanelWidth;
+        for (int i = 0; i < steps; ++i) {
+          for (int j = 0; j < kGemmPanelWidth; ++j) {
+            const int col = p * kGemmPanelWidth + j;
+            panel[(i >> 1) * 2 * kGemmPanelWidth + 2 * j + (i & 1)] =
+                col < n && i < k ? internal::ToBf16(w[static_cast<size_t>(col) * k + i]) : 0;
+          }
+        }
+      }
       return;
+    }
     case CpuWeightDtype::kInt8: {
       // One scale per output column: its largest magnitude maps to 127.
       for (int col = 0; col < NumPanels(n) * kGemmPanelWidth; ++col) {
@@ -188,8 +257,23 @@ void PackGemmWeight(const float* w, int n, int k, float* packed) {
 
 void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, const float* bias,
                   float* y, int ldy, ThreadPool* pool) {
-  const int n = w.n, k = w.k;
+  const int n = w.n;
   const Kernels& kernels = CpuKernels();
+  // bf16 computes on bf16 activations, rounded here once per call (per thread's buffer:
+  // the pool's threads only read it).
+  int k = w.k;
+  if (w.type == CpuWeightDtype::kBf16) {
+    thread_local std::vector<float> rounded;
+    k = internal::Bf16PaddedK(w.k);
+    rounded.resize(static_cast<size_t>(m) * k);
+    if (kernels.round_bf16_pairs != nullptr) {
+      kernels.round_bf16_pairs(x, ldx, m, w.k, rounded.data());
+    } else {
+      internal::RoundBf16Activations(x, ldx, m, w.k, kernels.bf16_activations, rounded.data());
+    }
+    x = rounded.data();
+    ldx = kernels.bf16_activations == internal::Bf16Activations::kPairs ? k / 2 : k;
+  }
   const GemmPanelKernel kernel = w.type == CpuWeightDtype::kBf16   ? kernels.bf16
                                  : w.type == CpuWeightDtype::kInt8 ? kernels.int8
                                                                    : kernels.f32;

@@ -1,16 +1,18 @@
-// Batch-invariant single-precision GEMM for linear layers: Y[m, n] = X[m, k] · Wᵀ + b.
+// Batch-invariant GEMM for linear layers: Y[m, n] = X[m, k] · Wᵀ + b, in float32.
 //
 // W is stored as float32, bfloat16 (half the bytes) or int8 with one float scale per
-// output column (a quarter), and widened to float32 in registers as it is read: the
-// arithmetic is float32 FMA in every case, so the three differ only by how W was rounded
-// (docs/cpu-weights.md says why this beats bf16/int8 dot-product instructions here).
+// output column (a quarter). float32 and int8 (widened in registers, exact) run float32
+// FMA chains; bf16 runs AVX512-BF16's vdpbf16ps arithmetic (activations rounded to bf16,
+// pairs of products summed in float32), which the CPUs without it reproduce bit for bit
+// with FMAs (gemm_kernels.h, docs/cpu-weights.md).
 //
-// Every output element is one fused-multiply-add chain over k = 0, 1, …, K-1 starting
-// from zero, whatever m is, wherever the row sits in X and however many threads run.
-// That makes a token's result independent of the batch it is computed in, which
-// OpenBLAS does not guarantee (its result for a row changes with the row's position in
-// the call and with the thread count; see docs/batch-invariance.md). FMA is exactly
-// rounded, so the AVX-512, AVX2 and portable paths give the same bits.
+// Every output element is one chain in a fixed order over k (f32, int8: 0, 1, …, K-1;
+// bf16: pair by pair), starting from zero, whatever m is, wherever the row sits in X and
+// however many threads run. That makes a token's result independent of the batch it is
+// computed in, which OpenBLAS does not guarantee (its result for a row changes with the
+// row's position in the call and with the thread count; see docs/batch-invariance.md).
+// Each step is exactly rounded, so the AVX512-BF16, AVX-512, AVX2 and portable paths give
+// the same bits.
 #pragma once
 
 #include <cstddef>

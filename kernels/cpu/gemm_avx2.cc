@@ -1,6 +1,7 @@
 // AVX2+FMA micro-kernels for float32, bfloat16 and int8 panels: the same FMA chain per
-// output as the AVX-512 and portable kernels (k ascending from zero, then the int8
-// scale, then the bias), so all three give the same bits. Compiled with
+// output as the AVX-512 and portable kernels (f32, int8: k ascending from zero, then the
+// int8 scale, then the bias; bf16: vdpbf16ps's pairs, gemm_kernels.h), so all give the
+// same bits. Compiled with
 // -mavx2 -mfma -ffp-contract=off; called only when the CPU reports AVX2 and FMA.
 //
 // Sixteen 8-float registers hold fewer accumulators than AVX-512's 32 × 16, so a panel's
@@ -27,12 +28,16 @@ struct F32Panel {
   __m256 Load(int i, int q) const { return _mm256_load_ps(panel + i * kGemmPanelWidth + q * 8); }
 };
 
+// Step i takes the weights of k = i ^ 1 (x is in chain order): the high halves of pair
+// i / 2's dwords for even i, the low halves for odd i.
 struct Bf16Panel {
   const uint16_t* panel;
   __m256 Load(int i, int q) const {
-    const __m128i raw =
-        _mm_load_si128(reinterpret_cast<const __m128i*>(panel + i * kGemmPanelWidth + q * 8));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+    const __m256i raw = _mm256_load_si256(
+        reinterpret_cast<const __m256i*>(panel + (i >> 1) * 2 * kGemmPanelWidth + q * 16));
+    const __m256i shifted = _mm256_sll_epi32(raw, _mm_cvtsi32_si128((i & 1) << 4));
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(shifted, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
 };
 
@@ -170,6 +175,21 @@ void Dispatch(const float* x, int ldx, int m, Panel panel, const float* scales, 
   }
 }
 
+// The bf16 kernels' bodies, not inlined into their callers, so that no FMA can be moved
+// out of FlushDenormals' scope.
+[[gnu::noinline]] void Bf16Tiles(const float* x, int ldx, int m, const void* panel, int k,
+                                 const float* bias, float* y, int ldy, int cols,
+                                 const void* prefetch, int prefetch_lines) {
+  Dispatch(x, ldx, m, Bf16Panel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
+           cols, prefetch, prefetch_lines);
+}
+
+[[gnu::noinline]] void Bf16PairTile(const float* x, const void* panel, int k, const float* bias,
+                                    float* y, int cols) {
+  Tile<1, 8>(x, 0, PanelPair<Bf16Panel, uint16_t>(static_cast<const uint16_t*>(panel), k), 0,
+             nullptr, k, bias, y, 0, cols, nullptr, 0);
+}
+
 }  // namespace
 
 void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const float*, int k,
@@ -182,8 +202,8 @@ void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const floa
 void GemmPanelBf16Avx2(const float* x, int ldx, int m, const void* panel, const float*, int k,
                        const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines) {
-  Dispatch(x, ldx, m, Bf16Panel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
-           cols, prefetch, prefetch_lines);
+  FlushDenormals flush;
+  Bf16Tiles(x, ldx, m, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
 }
 
 void GemmPanelInt8Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
@@ -203,8 +223,8 @@ void GemmPanelPairAvx2(const float* x, int, int, const void* panel, const float*
 
 void GemmPanelPairBf16Avx2(const float* x, int, int, const void* panel, const float*, int k,
                            const float* bias, float* y, int, int cols, const void*, int) {
-  Tile<1, 8>(x, 0, PanelPair<Bf16Panel, uint16_t>(static_cast<const uint16_t*>(panel), k), 0,
-             nullptr, k, bias, y, 0, cols, nullptr, 0);
+  FlushDenormals flush;
+  Bf16PairTile(x, panel, k, bias, y, cols);
 }
 
 void GemmPanelPairInt8Avx2(const float* x, int, int, const void* panel, const float* scales, int k,

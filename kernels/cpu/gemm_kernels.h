@@ -1,6 +1,8 @@
 // Micro-kernels behind GemmPacked (internal to kernels/cpu).
 #pragma once
 
+#include <xmmintrin.h>
+
 #include <cstdint>
 
 namespace conveyor::kernels::internal {
@@ -29,13 +31,33 @@ void GemmPanelAvx512(const float* x, int ldx, int m, const void* panel, const fl
 void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const float* scales, int k,
                    const float* bias, float* y, int ldy, int cols, const void* prefetch,
                    int prefetch_lines);
+void GemmPanelPairAvx512(const float* x, int ldx, int m, const void* panel, const float* scales,
+                         int k, const float* bias, float* y, int ldy, int cols,
+                         const void* prefetch, int prefetch_lines);
 void GemmPanelPairAvx2(const float* x, int ldx, int m, const void* panel, const float* scales,
                        int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines);
 void GemmPanelPortable(const float* x, int ldx, int m, const void* panel, const float* scales,
                        int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines);
-// bfloat16 panels, widened to float32 per element (exact).
+// bfloat16 panels compute what AVX512-BF16's vdpbf16ps does (docs/cpu-weights.md): the
+// activations are rounded to bf16 too, and k is taken in pairs (2j, 2j+1); each output's
+// chain adds the pair's odd product, then its even one, each step rounded to float32 and
+// a denormal result flushed to zero (as is the bias sum after it). A panel stores pair j
+// of its 32 columns as 32 dwords, bf16(w[2j]) in the low half and bf16(w[2j+1]) in the
+// high half; `k` is the even Bf16PaddedK(K) (an odd K gets a zero pair partner). `x` is
+// RoundBf16Activations' output and `ldx` its row stride in 4-byte units: the pairs layout
+// for the AVX512-BF16 kernel, the chain-order layout for the kernels that reproduce it
+// with float32 FMAs (which run under FlushDenormals).
+void GemmPanelBf16Avx512Bf16(const float* x, int ldx, int m, const void* panel, const float* scales,
+                             int k, const float* bias, float* y, int ldy, int cols,
+                             const void* prefetch, int prefetch_lines);
+void GemmPanelPairBf16Avx512Bf16(const float* x, int ldx, int m, const void* panel,
+                                 const float* scales, int k, const float* bias, float* y, int ldy,
+                                 int cols, const void* prefetch, int prefetch_lines);
+void GemmPanelPairBf16Avx512(const float* x, int ldx, int m, const void* panel, const float* scales,
+                             int k, const float* bias, float* y, int ldy, int cols,
+                             const void* prefetch, int prefetch_lines);
 void GemmPanelBf16Avx512(const float* x, int ldx, int m, const void* panel, const float* scales,
                          int k, const float* bias, float* y, int ldy, int cols,
                          const void* prefetch, int prefetch_lines);
@@ -53,6 +75,9 @@ void GemmPanelBf16Portable(const float* x, int ldx, int m, const void* panel, co
 void GemmPanelInt8Avx512(const float* x, int ldx, int m, const void* panel, const float* scales,
                          int k, const float* bias, float* y, int ldy, int cols,
                          const void* prefetch, int prefetch_lines);
+void GemmPanelPairInt8Avx512(const float* x, int ldx, int m, const void* panel, const float* scales,
+                             int k, const float* bias, float* y, int ldy, int cols,
+                             const void* prefetch, int prefetch_lines);
 void GemmPanelInt8Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
                        int k, const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines);
@@ -63,8 +88,38 @@ void GemmPanelInt8Portable(const float* x, int ldx, int m, const void* panel, co
                            int k, const float* bias, float* y, int ldy, int cols,
                            const void* prefetch, int prefetch_lines);
 
-// bfloat16 bits of `f`, rounded to nearest even (NaN stays NaN).
+// bfloat16 bits of `f`, rounded to nearest even; a denormal becomes a zero of its sign
+// and a NaN a quiet NaN (what vcvtne2ps2bf16 does).
 uint16_t ToBf16(float f);
 float FromBf16(uint16_t b);
+
+inline int Bf16PaddedK(int k) { return k + (k & 1); }
+
+enum class Bf16Activations {
+  kPairs,       // Row r, dword j: ToBf16(x[2j]) | ToBf16(x[2j+1]) << 16. Stride k/2.
+  kChainOrder,  // Row r: the bf16 values as float32 in the chain's order: x[1], x[0],
+                // x[3], x[2], … Stride k.
+};
+
+// Rounds rows [0, m) of x (K columns, row stride ldx) for the bf16 kernels into `out`
+// (m × Bf16PaddedK(K) 16-bit or 32-bit elements as `layout` says; the pad is zero).
+void RoundBf16Activations(const float* x, int ldx, int m, int k, Bf16Activations layout, void* out);
+
+// RoundBf16Activations(..., kPairs, out) with vcvtne2ps2bf16 (the same bits), 32 values
+// per instruction: for the AVX512-BF16 level only.
+void RoundBf16PairsAvx512Bf16(const float* x, int ldx, int m, int k, void* out);
+
+// Sets MXCSR's flush-to-zero and denormals-are-zero bits for its scope (this thread
+// only), so that float32 FMAs round and flush as vdpbf16ps does.
+class FlushDenormals {
+ public:
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  unsigned saved_;
+};
 
 }  // namespace conveyor::kernels::internal

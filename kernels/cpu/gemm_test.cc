@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -132,8 +133,8 @@ std::vector<double> Dequantized(CpuWeightDtype type, const std::vector<float>& w
 
 class TypedGemmTest : public ::testing::TestWithParam<CpuWeightDtype> {};
 
-// Against a float64 product with the weight as stored: the only error left is the
-// float32 chain's.
+// Against a float64 product with the weight (and for bf16 the activations) as stored: the
+// only error left is the float32 chain's.
 TEST_P(TypedGemmTest, MatchesDoublePrecisionOfTheStoredWeight) {
   const CpuWeightDtype type = GetParam();
   const int m = 19, n = 75, k = 130;
@@ -148,7 +149,11 @@ TEST_P(TypedGemmTest, MatchesDoublePrecisionOfTheStoredWeight) {
     for (int c = 0; c < n; ++c) {
       double ref = bias[c], exact = bias[c];
       for (int i = 0; i < k; ++i) {
-        ref += static_cast<double>(x[r * k + i]) * stored[c * k + i];
+        // bf16 rounds the activations too (gemm_kernels.h).
+        const float xi = type == CpuWeightDtype::kBf16
+                             ? internal::FromBf16(internal::ToBf16(x[r * k + i]))
+                             : x[r * k + i];
+        ref += static_cast<double>(xi) * stored[c * k + i];
         exact += static_cast<double>(x[r * k + i]) * w[c * k + i];
       }
       worst = std::max(worst, std::fabs(y[r * n + c] - ref));
@@ -156,8 +161,8 @@ TEST_P(TypedGemmTest, MatchesDoublePrecisionOfTheStoredWeight) {
     }
   }
   EXPECT_LT(worst, 1e-4) << CpuWeightDtypeName(type);
-  // What rounding the weight costs, on values of size ~sqrt(k)/3: bf16 keeps 8 bits of
-  // mantissa, int8 7 bits of the column's largest magnitude.
+  // What rounding costs, on values of size ~sqrt(k)/3: bf16 keeps 8 bits of mantissa (of
+  // weights and activations), int8 7 bits of the column's largest magnitude.
   const double rounding_bound = type == CpuWeightDtype::kF32    ? 1e-4
                                 : type == CpuWeightDtype::kBf16 ? 0.05
                                                                 : 0.1;
@@ -190,84 +195,156 @@ TEST_P(TypedGemmTest, RowResultIndependentOfBatchPositionAndThreads) {
   }
 }
 
+// A panel kernel's call on raw activations: for bf16 they are first rounded as
+// GemmPackedAs rounds them, in the layout the kernel takes.
+struct KernelCall {
+  internal::GemmPanelKernel kernel;
+  bool bf16_pairs = false;  // The AVX512-BF16 kernel's layout (else chain order).
+
+  void operator()(CpuWeightDtype type, const std::vector<float>& x, int m, int k,
+                  const PackedGemmWeight& w, size_t panel_offset, int scale_offset,
+                  const float* bias, float* y, int ldy, int cols, bool prefetch) const {
+    const void* panel = static_cast<const char*>(w.panels) + panel_offset;
+    const float* scales = w.scales != nullptr ? w.scales + scale_offset : nullptr;
+    if (type != CpuWeightDtype::kBf16) {
+      kernel(x.data(), k, m, panel, scales, k, bias, y, ldy, cols, prefetch ? panel : nullptr,
+             prefetch ? 2 * k : 0);
+      return;
+    }
+    const int steps = internal::Bf16PaddedK(k);
+    std::vector<float> rounded(static_cast<size_t>(m) * steps);
+    internal::RoundBf16Activations(
+        x.data(), k, m, k,
+        bf16_pairs ? internal::Bf16Activations::kPairs : internal::Bf16Activations::kChainOrder,
+        rounded.data());
+    kernel(rounded.data(), bf16_pairs ? steps / 2 : steps, m, panel, nullptr, steps, bias, y, ldy,
+           cols, prefetch ? panel : nullptr, prefetch ? 2 * k : 0);
+  }
+};
+
 // Every instruction path this CPU can run gives the portable kernel's bits, for every
 // weight type, every row count a call can have (each AVX2 tile shape: 1-2 rows over 32
 // columns, groups of up to 6 over two halves), partial panels, with and without bias.
 // The vector kernels also prefetch (here: the panel they read), which must not matter.
+// bf16 runs a second time on values around FLT_MIN, where every path must flush the
+// same denormal sums to zero as vdpbf16ps.
 TEST_P(TypedGemmTest, EveryInstructionPathGivesThePortableBits) {
   const CpuWeightDtype type = GetParam();
   using internal::GemmPanelKernel;
   struct Path {
     CpuIsa isa;
-    GemmPanelKernel kernel;
+    KernelCall call;
   };
   const auto pick = [type](GemmPanelKernel f32, GemmPanelKernel bf16, GemmPanelKernel int8) {
     return type == CpuWeightDtype::kBf16 ? bf16 : type == CpuWeightDtype::kInt8 ? int8 : f32;
   };
-  const GemmPanelKernel portable =
-      pick(internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
-           internal::GemmPanelInt8Portable);
-  const Path paths[] = {
+  const KernelCall portable{pick(internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
+                                 internal::GemmPanelInt8Portable)};
+  std::vector<Path> paths = {
       {CpuIsa::kAvx2,
-       pick(internal::GemmPanelAvx2, internal::GemmPanelBf16Avx2, internal::GemmPanelInt8Avx2)},
-      {CpuIsa::kAvx512, pick(internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512,
-                             internal::GemmPanelInt8Avx512)},
+       {pick(internal::GemmPanelAvx2, internal::GemmPanelBf16Avx2, internal::GemmPanelInt8Avx2)}},
+      {CpuIsa::kAvx512,
+       {pick(internal::GemmPanelAvx512, internal::GemmPanelBf16Avx512,
+             internal::GemmPanelInt8Avx512)}},
   };
-  const int k = 301;
+  if (type == CpuWeightDtype::kBf16) {
+    paths.push_back({CpuIsa::kAvx512Bf16, {internal::GemmPanelBf16Avx512Bf16, true}});
+  }
+  const std::vector<float> magnitudes =
+      type == CpuWeightDtype::kBf16 ? std::vector<float>{1.0f, 3e-20f} : std::vector<float>{1.0f};
   int compared = 0;
-  for (const Path& path : paths) {
-    if (path.isa > DetectedCpuIsa()) continue;
-    for (int n : {32, 29, 17, 7}) {
-      auto w = Random(n * k, 17 + n);
-      auto bias = Random(n, 18 + n);
-      TypedPacked packed(type, w, n, k);
-      for (int m = 1; m <= internal::kGemmMaxRows; ++m) {
-        auto x = Random(m * k, 16 + m);
-        for (const float* b :
-             {static_cast<const float*>(bias.data()), static_cast<const float*>(nullptr)}) {
-          std::vector<float> got(m * n, NAN), want(m * n, NAN);
-          path.kernel(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, b, got.data(),
-                      n, n, packed.weight.panels, 2 * k);
-          portable(x.data(), k, m, packed.weight.panels, packed.weight.scales, k, b, want.data(), n,
-                   n, nullptr, 0);
-          ASSERT_TRUE(SameBits(got.data(), want.data(), got.size()))
-              << CpuIsaName(path.isa) << " " << CpuWeightDtypeName(type) << " m=" << m << " n=" << n
-              << (b != nullptr ? " with bias" : " without bias");
-          ++compared;
+  for (const float magnitude : magnitudes) {
+    const auto random = [magnitude](size_t count, uint32_t seed) {
+      auto v = Random(count, seed);
+      for (float& e : v) e *= magnitude;
+      return v;
+    };
+    for (const int k : {301, 300}) {
+      for (const Path& path : paths) {
+        if (path.isa > DetectedCpuIsa()) continue;
+        for (int n : {32, 29, 17, 7}) {
+          auto w = random(n * k, 17 + n);
+          auto bias = random(n, 18 + n);
+          TypedPacked packed(type, w, n, k);
+          for (int m = 1; m <= internal::kGemmMaxRows; ++m) {
+            auto x = random(m * k, 16 + m);
+            for (const float* b :
+                 {static_cast<const float*>(bias.data()), static_cast<const float*>(nullptr)}) {
+              std::vector<float> got(m * n, NAN), want(m * n, NAN);
+              path.call(type, x, m, k, packed.weight, 0, 0, b, got.data(), n, n, true);
+              portable(type, x, m, k, packed.weight, 0, 0, b, want.data(), n, n, false);
+              ASSERT_TRUE(SameBits(got.data(), want.data(), got.size()))
+                  << CpuIsaName(path.isa) << " " << CpuWeightDtypeName(type) << " m=" << m
+                  << " n=" << n << " k=" << k << " magnitude=" << magnitude
+                  << (b != nullptr ? " with bias" : " without bias");
+              ++compared;
+            }
+          }
         }
       }
-    }
-  }
-  // AVX2's pair kernel (one row, two adjacent panels, what GemmPackedAs runs for m == 1).
-  if (DetectedCpuIsa() >= CpuIsa::kAvx2) {
-    const GemmPanelKernel pair = pick(internal::GemmPanelPairAvx2, internal::GemmPanelPairBf16Avx2,
-                                      internal::GemmPanelPairInt8Avx2);
-    for (int n : {64, 61, 40, 33}) {
-      auto w = Random(n * k, 27 + n);
-      auto bias = Random(n, 28 + n);
-      auto x = Random(k, 29 + n);
-      TypedPacked packed(type, w, n, k);
-      for (const float* b :
-           {static_cast<const float*>(bias.data()), static_cast<const float*>(nullptr)}) {
-        std::vector<float> got(n, NAN), want(n, NAN);
-        pair(x.data(), k, 1, packed.weight.panels, packed.weight.scales, k, b, got.data(), n, n,
-             nullptr, 0);
-        portable(x.data(), k, 1, packed.weight.panels, packed.weight.scales, k, b, want.data(), n,
-                 kGemmPanelWidth, nullptr, 0);
-        const size_t second = PackedGemmPanelBytes(type, kGemmPanelWidth, k);
-        portable(x.data(), k, 1, static_cast<const char*>(packed.weight.panels) + second,
-                 packed.weight.scales != nullptr ? packed.weight.scales + kGemmPanelWidth : nullptr,
-                 k, b != nullptr ? b + kGemmPanelWidth : nullptr, want.data() + kGemmPanelWidth, n,
-                 n - kGemmPanelWidth, nullptr, 0);
-        ASSERT_TRUE(SameBits(got.data(), want.data(), got.size()))
-            << "avx2 pair " << CpuWeightDtypeName(type) << " n=" << n;
-        ++compared;
+      // The pair kernels (one row, two adjacent panels: what GemmPackedAs runs for
+      // m == 1) against two portable calls.
+      std::vector<Path> pairs = {
+          {CpuIsa::kAvx2,
+           {pick(internal::GemmPanelPairAvx2, internal::GemmPanelPairBf16Avx2,
+                 internal::GemmPanelPairInt8Avx2)}},
+          {CpuIsa::kAvx512,
+           {pick(internal::GemmPanelPairAvx512, internal::GemmPanelPairBf16Avx512,
+                 internal::GemmPanelPairInt8Avx512)}},
+      };
+      if (type == CpuWeightDtype::kBf16) {
+        pairs.push_back({CpuIsa::kAvx512Bf16, {internal::GemmPanelPairBf16Avx512Bf16, true}});
+      }
+      for (const Path& path : pairs) {
+        if (path.isa > DetectedCpuIsa()) continue;
+        for (int n : {64, 61, 40, 33}) {
+          auto w = random(n * k, 27 + n);
+          auto bias = random(n, 28 + n);
+          auto x = random(k, 29 + n);
+          TypedPacked packed(type, w, n, k);
+          const size_t second = PackedGemmPanelBytes(type, kGemmPanelWidth, k);
+          for (const float* b :
+               {static_cast<const float*>(bias.data()), static_cast<const float*>(nullptr)}) {
+            std::vector<float> got(n, NAN), want(n, NAN);
+            path.call(type, x, 1, k, packed.weight, 0, 0, b, got.data(), n, n, false);
+            portable(type, x, 1, k, packed.weight, 0, 0, b, want.data(), n, kGemmPanelWidth, false);
+            portable(type, x, 1, k, packed.weight, second, kGemmPanelWidth,
+                     b != nullptr ? b + kGemmPanelWidth : nullptr, want.data() + kGemmPanelWidth, n,
+                     n - kGemmPanelWidth, false);
+            ASSERT_TRUE(SameBits(got.data(), want.data(), got.size()))
+                << CpuIsaName(path.isa) << " pair " << CpuWeightDtypeName(type) << " n=" << n
+                << " k=" << k << " magnitude=" << magnitude;
+            ++compared;
+          }
+        }
       }
     }
   }
   if (compared == 0) GTEST_SKIP() << "CPU has neither AVX2+FMA nor AVX-512";
   std::printf("%s: %d kernel calls compared up to %s\n", CpuWeightDtypeName(type), compared,
               CpuIsaName(DetectedCpuIsa()));
+}
+
+// The vector rounding of activations gives the scalar one's bits, on every kind of float
+// (normal, denormal, zero, infinite, NaN) and every row tail.
+TEST(GemmTest, VectorBf16RoundingMatchesTheScalarOne) {
+  if (DetectedCpuIsa() < CpuIsa::kAvx512Bf16) GTEST_SKIP() << "CPU has no AVX512-BF16";
+  std::mt19937 rng(5);
+  for (int k : {1, 2, 15, 16, 17, 31, 32, 33, 64, 301}) {
+    const int m = 3, ldx = k + 5, padded = internal::Bf16PaddedK(k);
+    std::vector<float> x(static_cast<size_t>(m) * ldx);
+    for (float& v : x) {
+      const uint32_t bits = rng();  // Every exponent, so denormals, infinities and NaNs too.
+      std::memcpy(&v, &bits, sizeof(v));
+    }
+    // One guard element past each row's padded width: neither may write it.
+    std::vector<uint16_t> want(static_cast<size_t>(m) * padded + 1, 0xABCD);
+    std::vector<uint16_t> got = want;
+    internal::RoundBf16Activations(x.data(), ldx, m, k, internal::Bf16Activations::kPairs,
+                                   want.data());
+    internal::RoundBf16PairsAvx512Bf16(x.data(), ldx, m, k, got.data());
+    EXPECT_EQ(got, want) << "k=" << k;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightTypes, TypedGemmTest,
@@ -281,6 +358,14 @@ TEST(GemmTest, Bf16RoundsToNearestEven) {
   EXPECT_EQ(internal::FromBf16(internal::ToBf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
   EXPECT_TRUE(std::isnan(internal::FromBf16(internal::ToBf16(NAN))));
   EXPECT_EQ(internal::FromBf16(internal::ToBf16(-0.0f)), 0.0f);
+  // vcvtne2ps2bf16's rules: a denormal becomes a zero of its sign, a NaN a quiet NaN.
+  EXPECT_EQ(internal::ToBf16(1e-40f), 0x0000);
+  EXPECT_EQ(internal::ToBf16(-1e-40f), 0x8000);
+  EXPECT_EQ(internal::ToBf16(std::numeric_limits<float>::min()), 0x0080);
+  uint32_t signaling = 0x7f800001u;
+  float nan = 0;
+  std::memcpy(&nan, &signaling, sizeof(nan));
+  EXPECT_EQ(internal::ToBf16(nan), 0x7fc0);
 }
 
 }  // namespace

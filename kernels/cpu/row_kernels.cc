@@ -61,6 +61,7 @@ const RowKernels kPortableRowKernels = {"portable", RmsNorm, AddRmsNorm, Rope, S
 
 const RowKernels& RowKernelsForCpu() {
   switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512Bf16:  // No bf16 arithmetic in the row kernels.
     case CpuIsa::kAvx512:
       return kAvx512RowKernels;
     case CpuIsa::kAvx2:

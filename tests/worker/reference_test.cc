@@ -101,9 +101,11 @@ TEST_P(ReferenceTest, GreedyTokensMatch) {
 }
 
 // bf16 and int8 weights against the same float64 reference (of the checkpoint as
-// stored): their logits move by the weights' rounding, so the bounds are per dtype, set
-// from measurement (docs/cpu-weights.md has the figures): relative logit error, and how
-// many of the 32 greedy tokens per prompt agree before the first divergence.
+// stored): their logits move by the rounding (bf16: of weights and of the activations
+// each GEMM reads; int8: of weights), so the bounds are per dtype, set from measurement
+// with some margin (docs/cpu-weights.md has the figures; every instruction path gives the
+// same bits): relative logit error, and how many of the 32 greedy tokens per prompt agree
+// before the first divergence.
 struct DtypeBounds {
   kernels::CpuWeightDtype dtype;
   const char* name;
@@ -133,23 +135,16 @@ TEST_P(ReducedPrecisionTest, LogitErrorAndGreedyAgreementWithinTheDtypesBounds) 
               variant.c_str(), bounds.name, max_err, agreed, total, agreement);
   RecordProperty("max_relative_error", std::to_string(max_err));
   RecordProperty("greedy_agreement", std::to_string(agreement));
-  if (bounds.dtype == kernels::CpuWeightDtype::kBf16 &&
-      w->model->config().torch_dtype == "bfloat16") {
-    // A bf16 checkpoint is stored exactly: everything must be as with float32 weights.
-    EXPECT_LT(max_err, 1e-4);
-    EXPECT_EQ(agreed, total);
-  } else {
-    EXPECT_LT(max_err, bounds.max_logit_error);
-    EXPECT_GE(agreement, bounds.min_agreement);
-  }
+  EXPECT_LT(max_err, bounds.max_logit_error);
+  EXPECT_GE(agreement, bounds.min_agreement);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, ReducedPrecisionTest,
-    ::testing::Combine(::testing::ValuesIn(TestModelVariants()),
-                       ::testing::Values(DtypeBounds{kernels::CpuWeightDtype::kBf16, "bf16", 1, 0},
-                                         DtypeBounds{kernels::CpuWeightDtype::kInt8, "int8", 1,
-                                                     0})),
+    ::testing::Combine(
+        ::testing::ValuesIn(TestModelVariants()),
+        ::testing::Values(DtypeBounds{kernels::CpuWeightDtype::kBf16, "bf16", 0.01, 0.75},
+                          DtypeBounds{kernels::CpuWeightDtype::kInt8, "int8", 0.03, 0.25})),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 
 INSTANTIATE_TEST_SUITE_P(Variants, ReferenceTest, ::testing::ValuesIn(TestModelVariants()));

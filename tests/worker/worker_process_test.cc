@@ -191,7 +191,12 @@ TEST(WorkerCpuIsaTest, AnUnusableLevelStopsTheWorkerAtStart) {
   EXPECT_EQ(run("avx9"), 2);
   EXPECT_EQ(run("portable"), 0);
   EXPECT_EQ(run(kernels::CpuIsaName(kernels::DetectedCpuIsa())), 0);
-  if (kernels::DetectedCpuIsa() < kernels::CpuIsa::kAvx512) EXPECT_EQ(run("avx512"), 2);
+  if (kernels::DetectedCpuIsa() < kernels::CpuIsa::kAvx512) {
+    EXPECT_EQ(run("avx512"), 2);
+  }
+  if (kernels::DetectedCpuIsa() < kernels::CpuIsa::kAvx512Bf16) {
+    EXPECT_EQ(run("avx512_bf16"), 2);
+  }
 }
 
 }  // namespace
