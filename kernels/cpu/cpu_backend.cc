@@ -3,6 +3,8 @@
 // (attention.h), everything else as per-token row kernels (row_kernels.h) or row copies split over
 // a thread pool by rows. Each token's result is computed by one thread in a fixed order, so it does
 // not depend on the batch around it.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -51,13 +53,23 @@ class CpuLinearWeight final : public LinearWeight {
   float* bias_;  // Null when the layer has none.
 };
 
+// 64-byte aligned memory, freed with std::free. A buffer of 2 MiB or more (weights, the
+// KV cache) is aligned to 2 MiB and asked to be backed by transparent huge pages, where
+// the kernel allows it ("madvise" mode is common): decode streams the weights and
+// attention walks KV blocks scattered over gigabytes, and with 4 KiB pages both would
+// miss the TLB every few kilobytes. A refusal only costs that speed.
 void* AlignedBytes(size_t bytes) {
-  return std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  constexpr size_t kHugePage = size_t{2} << 20;
+  if (bytes < kHugePage)
+    return std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, size);
+  if (p != nullptr) madvise(p, size, MADV_HUGEPAGE);
+  return p;
 }
 
 float* AlignedFloats(size_t count) {
-  const size_t bytes = std::max<size_t>(64, (count * sizeof(float) + 63) / 64 * 64);
-  return static_cast<float*>(std::aligned_alloc(64, bytes));
+  return static_cast<float*>(AlignedBytes(count * sizeof(float)));
 }
 
 class CpuBackend final : public Backend {
@@ -71,7 +83,7 @@ class CpuBackend final : public Backend {
   size_t activation_bytes() const override { return sizeof(float); }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
-    void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+    void* p = AlignedBytes(bytes);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
     }
