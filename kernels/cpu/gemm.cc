@@ -117,9 +117,9 @@ struct Kernels {
   // For one row against two panels (gemm_kernels.h); null where the ISA has none.
   GemmPanelKernel f32_pair = nullptr, bf16_pair = nullptr, int8_pair = nullptr;
   // The activations bf16 takes: pairs for vdpbf16ps, else float32 in chain order; and
-  // what rounds them (the vector one where there is one).
+  // what rounds them into that layout (a vector version of RoundBf16Activations).
   internal::Bf16Activations bf16_activations = internal::Bf16Activations::kChainOrder;
-  void (*round_bf16_pairs)(const float* x, int ldx, int m, int k, void* out) = nullptr;
+  void (*round_bf16)(const float* x, int ldx, int m, int k, void* out) = nullptr;
 };
 
 // The kernels of the level ActiveCpuIsa() chose (CONVEYOR_CPU_ISA can lower it, so CI
@@ -135,14 +135,24 @@ Kernels SelectKernels() {
               internal::GemmPanelPairInt8Avx512,
               internal::Bf16Activations::kPairs,
               internal::RoundBf16PairsAvx512Bf16};
-    case CpuIsa::kAvx512:
-      return {internal::GemmPanelAvx512,         internal::GemmPanelBf16Avx512,
-              internal::GemmPanelInt8Avx512,     internal::GemmPanelPairAvx512,
-              internal::GemmPanelPairBf16Avx512, internal::GemmPanelPairInt8Avx512};
+    case CpuIsa::kAvx512:  // AVX-512F implies AVX2: its activations round as AVX2's.
+      return {internal::GemmPanelAvx512,
+              internal::GemmPanelBf16Avx512,
+              internal::GemmPanelInt8Avx512,
+              internal::GemmPanelPairAvx512,
+              internal::GemmPanelPairBf16Avx512,
+              internal::GemmPanelPairInt8Avx512,
+              internal::Bf16Activations::kChainOrder,
+              internal::RoundBf16ChainOrderAvx2};
     case CpuIsa::kAvx2:
-      return {internal::GemmPanelAvx2,         internal::GemmPanelBf16Avx2,
-              internal::GemmPanelInt8Avx2,     internal::GemmPanelPairAvx2,
-              internal::GemmPanelPairBf16Avx2, internal::GemmPanelPairInt8Avx2};
+      return {internal::GemmPanelAvx2,
+              internal::GemmPanelBf16Avx2,
+              internal::GemmPanelInt8Avx2,
+              internal::GemmPanelPairAvx2,
+              internal::GemmPanelPairBf16Avx2,
+              internal::GemmPanelPairInt8Avx2,
+              internal::Bf16Activations::kChainOrder,
+              internal::RoundBf16ChainOrderAvx2};
     case CpuIsa::kPortable:
     default:
       return {internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
@@ -266,8 +276,8 @@ void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, con
     thread_local std::vector<float> rounded;
     k = internal::Bf16PaddedK(w.k);
     rounded.resize(static_cast<size_t>(m) * k);
-    if (kernels.round_bf16_pairs != nullptr) {
-      kernels.round_bf16_pairs(x, ldx, m, w.k, rounded.data());
+    if (kernels.round_bf16 != nullptr) {
+      kernels.round_bf16(x, ldx, m, w.k, rounded.data());
     } else {
       internal::RoundBf16Activations(x, ldx, m, w.k, kernels.bf16_activations, rounded.data());
     }

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_kernels.h"
@@ -23,27 +24,43 @@ namespace {
 constexpr int kLanes = 8;
 
 // Loads the 8 weights of columns [8q, 8q + 8) at step i of a panel, as float32.
+// Steps come in pairs (kPaired) for bf16, whose Load takes the step's parity as a type
+// (Half<0>: even step, Half<1>: odd); the other panels ignore it.
+template <int kHalf>
+using Half = std::integral_constant<int, kHalf>;
+
 struct F32Panel {
+  static constexpr bool kPaired = false;
   const float* panel;
-  __m256 Load(int i, int q) const { return _mm256_load_ps(panel + i * kGemmPanelWidth + q * 8); }
+  template <typename H>
+  __m256 Load(int i, int q, H) const {
+    return _mm256_load_ps(panel + i * kGemmPanelWidth + q * 8);
+  }
 };
 
 // Step i takes the weights of k = i ^ 1 (x is in chain order): the high halves of pair
-// i / 2's dwords for even i, the low halves for odd i.
+// i / 2's dwords for an even step, the low halves for an odd one.
 struct Bf16Panel {
+  static constexpr bool kPaired = true;
   const uint16_t* panel;
-  __m256 Load(int i, int q) const {
+  template <int kHalf>
+  __m256 Load(int i, int q, Half<kHalf>) const {
     const __m256i raw = _mm256_load_si256(
         reinterpret_cast<const __m256i*>(panel + (i >> 1) * 2 * kGemmPanelWidth + q * 16));
-    const __m256i shifted = _mm256_sll_epi32(raw, _mm_cvtsi32_si128((i & 1) << 4));
-    return _mm256_castsi256_ps(
-        _mm256_and_si256(shifted, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    if constexpr (kHalf == 0) {
+      return _mm256_castsi256_ps(
+          _mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    } else {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+    }
   }
 };
 
 struct Int8Panel {
+  static constexpr bool kPaired = false;
   const int8_t* panel;
-  __m256 Load(int i, int q) const {
+  template <typename H>
+  __m256 Load(int i, int q, H) const {
     const __m128i raw =
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(panel + i * kGemmPanelWidth + q * 8));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
@@ -54,10 +71,14 @@ struct Int8Panel {
 // 4-7 from the second.
 template <typename Panel, typename Element>
 struct PanelPair {
+  static constexpr bool kPaired = Panel::kPaired;
   Panel first, second;
   PanelPair(const Element* panel, int k)
       : first{panel}, second{panel + static_cast<long>(k) * kGemmPanelWidth} {}
-  __m256 Load(int i, int q) const { return q < 4 ? first.Load(i, q) : second.Load(i, q - 4); }
+  template <typename H>
+  __m256 Load(int i, int q, H half) const {
+    return q < 4 ? first.Load(i, q, half) : second.Load(i, q - 4, half);
+  }
 };
 
 // Lanes [0, valid) of a mask for maskload/maskstore.
@@ -83,17 +104,17 @@ void Tile(const float* x, int ldx, Panel panel, int q0, const float* scales, int
   // accumulators, weights and one broadcast fit in the 16 registers (at most 12 + 2 + 1
   // or 8 + 4 + 1); hoisting all broadcasts would spill accumulators to the stack. One row
   // over up to 8 quads (a panel pair) uses each weight register at once instead.
-  auto step = [&](int i) {
+  auto step = [&](int i, auto half) {
     if constexpr (kRows == 1) {
       const __m256 a = _mm256_broadcast_ss(x + i);
 #pragma GCC unroll 8
       for (int q = 0; q < kQuads; ++q) {
-        acc[0][q] = _mm256_fmadd_ps(a, panel.Load(i, q0 + q), acc[0][q]);
+        acc[0][q] = _mm256_fmadd_ps(a, panel.Load(i, q0 + q, half), acc[0][q]);
       }
     } else {
       __m256 b[kQuads];
 #pragma GCC unroll 4
-      for (int q = 0; q < kQuads; ++q) b[q] = panel.Load(i, q0 + q);
+      for (int q = 0; q < kQuads; ++q) b[q] = panel.Load(i, q0 + q, half);
 #pragma GCC unroll 6
       for (int r = 0; r < kRows; ++r) {
         const __m256 a = _mm256_broadcast_ss(x + r * ldx + i);
@@ -102,15 +123,21 @@ void Tile(const float* x, int ldx, Panel panel, int q0, const float* scales, int
       }
     }
   };
+  // bf16's k is even (Bf16PaddedK): its steps go two at a time, parity known.
+  constexpr int kStride = Panel::kPaired ? 2 : 1;
+  auto advance = [&](int i) {
+    step(i, Half<0>{});
+    if constexpr (Panel::kPaired) step(i + 1, Half<1>{});
+  };
   if (prefetch_lines == 0) {
-    for (int i = 0; i < k; ++i) step(i);
+    for (int i = 0; i < k; i += kStride) advance(i);
   } else {
     const char* line = static_cast<const char*>(prefetch);
     int credit = 0;
-    for (int i = 0; i < k; ++i) {
-      credit += prefetch_lines;
+    for (int i = 0; i < k; i += kStride) {
+      credit += prefetch_lines * kStride;
       for (; credit >= k; credit -= k, line += 64) _mm_prefetch(line, _MM_HINT_T1);
-      step(i);
+      advance(i);
     }
   }
 #pragma GCC unroll 8
@@ -190,7 +217,45 @@ void Dispatch(const float* x, int ldx, int m, Panel panel, const float* scales, 
              nullptr, k, bias, y, 0, cols, nullptr, 0);
 }
 
+// ToBf16 (gemm.cc) on 8 floats, as float32 values: nearest even, a denormal to a zero of
+// its sign, a NaN to a quiet NaN.
+__m256 RoundToBf16(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+  const __m256i is_nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
+  const __m256i is_denormal = _mm256_cmpeq_epi32(
+      _mm256_and_si256(bits, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));  // Wraps as uint32.
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  __m256i out = _mm256_and_si256(rounded, high);
+  out = _mm256_blendv_epi8(
+      out, _mm256_or_si256(_mm256_and_si256(bits, high), _mm256_set1_epi32(0x00400000)), is_nan);
+  out = _mm256_blendv_epi8(
+      out, _mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0x80000000u))), is_denormal);
+  return _mm256_castsi256_ps(out);
+}
+
 }  // namespace
+
+void RoundBf16ChainOrderAvx2(const float* x, int ldx, int m, int k, void* out) {
+  const int padded = Bf16PaddedK(k);
+  for (int r = 0; r < m; ++r) {
+    const float* row = x + static_cast<size_t>(r) * ldx;
+    float* dst = static_cast<float*>(out) + static_cast<size_t>(r) * padded;
+    int i = 0;
+    for (; i + kLanes <= k; i += kLanes) {
+      // Rounded, then each pair's two elements swapped: the chain takes the odd one first.
+      const __m256 v = RoundToBf16(_mm256_loadu_ps(row + i));
+      _mm256_storeu_ps(dst + i, _mm256_permute_ps(v, 0xB1));
+    }
+    for (; i < padded; ++i) {  // The tail (i is even here), and the pad.
+      const int from = i ^ 1;
+      dst[i] = from < k ? FromBf16(ToBf16(row[from])) : 0.0f;
+    }
+  }
+}
 
 void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const float*, int k,
                    const float* bias, float* y, int ldy, int cols, const void* prefetch,

@@ -29,21 +29,21 @@ struct F32Panel {
   }
 };
 
-// Step i takes the weights of k = i ^ 1 (x is in chain order): the high halves of pair
-// i / 2's dwords for even i, the low halves for odd i.
+// Step j is pair j: first k = 2j + 1 (the dwords' high halves, with x[2j], since x is in
+// chain order), then k = 2j (the low halves, with x[2j + 1]).
 struct Bf16Panel {
   const uint16_t* panel;
-  static int Steps(int k) { return k; }
+  static int Steps(int k) { return k / 2; }
   template <int kRows>
-  void Step(int i, const float* x, int ldx, __m512 (&acc)[kRows][2]) const {
-    const uint16_t* pair = panel + (i >> 1) * 2 * kGemmPanelWidth;
-    const __m128i shift = _mm_cvtsi32_si128((i & 1) << 4);
+  void Step(int j, const float* x, int ldx, __m512 (&acc)[kRows][2]) const {
+    const uint16_t* pair = panel + j * 2 * kGemmPanelWidth;
     const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
     const __m512i raw0 = _mm512_load_si512(pair);
     const __m512i raw1 = _mm512_load_si512(pair + 32);
-    FmaRows<kRows>(x, ldx, i,
-                   _mm512_castsi512_ps(_mm512_and_si512(_mm512_sll_epi32(raw0, shift), high)),
-                   _mm512_castsi512_ps(_mm512_and_si512(_mm512_sll_epi32(raw1, shift), high)), acc);
+    FmaRows<kRows>(x, ldx, 2 * j, _mm512_castsi512_ps(_mm512_and_si512(raw0, high)),
+                   _mm512_castsi512_ps(_mm512_and_si512(raw1, high)), acc);
+    FmaRows<kRows>(x, ldx, 2 * j + 1, _mm512_castsi512_ps(_mm512_slli_epi32(raw0, 16)),
+                   _mm512_castsi512_ps(_mm512_slli_epi32(raw1, 16)), acc);
   }
 };
 

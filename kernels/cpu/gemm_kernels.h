@@ -108,6 +108,9 @@ void RoundBf16Activations(const float* x, int ldx, int m, int k, Bf16Activations
 // RoundBf16Activations(..., kPairs, out) with vcvtne2ps2bf16 (the same bits), 32 values
 // per instruction: for the AVX512-BF16 level only.
 void RoundBf16PairsAvx512Bf16(const float* x, int ldx, int m, int k, void* out);
+// RoundBf16Activations(..., kChainOrder, out) in AVX2 integer operations (the same bits),
+// 8 values per step: for the AVX2 and AVX-512F levels.
+void RoundBf16ChainOrderAvx2(const float* x, int ldx, int m, int k, void* out);
 
 // Sets MXCSR's flush-to-zero and denormals-are-zero bits for its scope (this thread
 // only), so that float32 FMAs round and flush as vdpbf16ps does.

@@ -325,26 +325,41 @@ TEST_P(TypedGemmTest, EveryInstructionPathGivesThePortableBits) {
               CpuIsaName(DetectedCpuIsa()));
 }
 
-// The vector rounding of activations gives the scalar one's bits, on every kind of float
-// (normal, denormal, zero, infinite, NaN) and every row tail.
+// The vector roundings of activations give the scalar one's bits, on every kind of float
+// (normal, denormal, zero, infinite, NaN) and every row tail, in both layouts.
 TEST(GemmTest, VectorBf16RoundingMatchesTheScalarOne) {
-  if (DetectedCpuIsa() < CpuIsa::kAvx512Bf16) GTEST_SKIP() << "CPU has no AVX512-BF16";
-  std::mt19937 rng(5);
-  for (int k : {1, 2, 15, 16, 17, 31, 32, 33, 64, 301}) {
-    const int m = 3, ldx = k + 5, padded = internal::Bf16PaddedK(k);
-    std::vector<float> x(static_cast<size_t>(m) * ldx);
-    for (float& v : x) {
-      const uint32_t bits = rng();  // Every exponent, so denormals, infinities and NaNs too.
-      std::memcpy(&v, &bits, sizeof(v));
+  struct Rounding {
+    CpuIsa isa;
+    internal::Bf16Activations layout;
+    void (*round)(const float* x, int ldx, int m, int k, void* out);
+    int element_bytes;
+  };
+  const Rounding roundings[] = {
+      {CpuIsa::kAvx2, internal::Bf16Activations::kChainOrder, internal::RoundBf16ChainOrderAvx2, 4},
+      {CpuIsa::kAvx512Bf16, internal::Bf16Activations::kPairs, internal::RoundBf16PairsAvx512Bf16,
+       2},
+  };
+  int checked = 0;
+  for (const Rounding& rounding : roundings) {
+    if (rounding.isa > DetectedCpuIsa()) continue;
+    std::mt19937 rng(5);
+    for (int k : {1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 301}) {
+      const int m = 3, ldx = k + 5, padded = internal::Bf16PaddedK(k);
+      std::vector<float> x(static_cast<size_t>(m) * ldx);
+      for (float& v : x) {
+        const uint32_t bits = rng();  // Every exponent: denormals, infinities and NaNs too.
+        std::memcpy(&v, &bits, sizeof(v));
+      }
+      // One guard element past the rows' padded width: neither may write it.
+      const size_t bytes = static_cast<size_t>(m) * padded * rounding.element_bytes;
+      std::vector<unsigned char> want(bytes + 4, 0xAB), got = want;
+      internal::RoundBf16Activations(x.data(), ldx, m, k, rounding.layout, want.data());
+      rounding.round(x.data(), ldx, m, k, got.data());
+      EXPECT_EQ(got, want) << CpuIsaName(rounding.isa) << " k=" << k;
+      ++checked;
     }
-    // One guard element past each row's padded width: neither may write it.
-    std::vector<uint16_t> want(static_cast<size_t>(m) * padded + 1, 0xABCD);
-    std::vector<uint16_t> got = want;
-    internal::RoundBf16Activations(x.data(), ldx, m, k, internal::Bf16Activations::kPairs,
-                                   want.data());
-    internal::RoundBf16PairsAvx512Bf16(x.data(), ldx, m, k, got.data());
-    EXPECT_EQ(got, want) << "k=" << k;
   }
+  if (checked == 0) GTEST_SKIP() << "CPU has no AVX2";
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightTypes, TypedGemmTest,
