@@ -5,8 +5,11 @@
 # streams of 129-token prompts and 128 greedy output tokens each.
 #
 # Usage: bench/run_weight_dtype_bench.sh [--build-dir DIR] [--model-dir DIR]
-#        [--dtypes "f32 bf16 int8"] [--requests N] [--threads N]
-# Prints one line per dtype and a table of ratios to f32.
+#        [--dtypes "f32 bf16 int8"] [--requests N] [--threads N] [--rounds N]
+# Prints one line per dtype and round, and a table of ratios to f32. With --rounds N the
+# dtypes run in turn N times (f32 bf16 int8 f32 bf16 int8 ...), so a machine whose speed
+# drifts affects each alike; the table then gives each dtype's median and the median of
+# the per-round ratios.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,6 +18,7 @@ model_dir=""
 dtypes="f32 bf16 int8"
 requests=32
 threads="$(nproc)"
+rounds=1
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -22,7 +26,8 @@ while (($#)); do
     --dtypes) dtypes="$2"; shift 2 ;;
     --requests) requests="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
-    -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -37,7 +42,8 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-declare -A tps
+declare -A tps  # dtype -> space-separated tok/s, one per round
+for ((round = 1; round <= rounds; ++round)); do
 for dtype in $dtypes; do
   wport="$(free_port)"; sport="$(free_port)"
   "$build_dir/worker/conveyor-worker" --port="$wport" --metrics_port=0 --threads="$threads" \
@@ -50,16 +56,22 @@ for dtype in $dtypes; do
   "$build_dir/bench/conveyor-bench" --server="127.0.0.1:$sport" --workload=fixed \
     --input_len=129 --output_len=128 --concurrency=8 --num_requests="$requests" \
     --quiet --out="$out" >/dev/null
-  tps[$dtype]="$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["output_throughput"])' "$out")"
+  t="$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["output_throughput"])' "$out")"
+  tps[$dtype]="${tps[$dtype]:-} $t"
   backend="$(grep -o 'CPU backend [^ ]* [^(]*(.*)' "/tmp/conveyor-dtype-worker-$dtype.log" | head -1 || true)"
-  echo "$dtype: ${tps[$dtype]} output tok/s ($backend)"
+  echo "round $round, $dtype: $t output tok/s ($backend)"
   rm -f "$out"
   cleanup; pids=()
 done
+done
 echo
-echo "| weights | output tok/s | vs f32 |"
+echo "| weights | output tok/s (median of $rounds) | vs f32 (median of per-round ratios) |"
 echo "| --- | --- | --- |"
 for dtype in $dtypes; do
-  /usr/bin/python3 -c 'import sys; t=float(sys.argv[2]); b=float(sys.argv[3]) if sys.argv[3] else t; print(f"| {sys.argv[1]} | {t:.1f} | {t/b:.2f}x |")' \
+  /usr/bin/python3 -c '
+import statistics, sys
+t = [float(v) for v in sys.argv[2].split()]
+b = [float(v) for v in sys.argv[3].split()] if sys.argv[3].strip() else t
+print(f"| {sys.argv[1]} | {statistics.median(t):.1f} | {statistics.median(x / y for x, y in zip(t, b)):.2f}x |")' \
     "$dtype" "${tps[$dtype]}" "${tps[f32]:-}"
 done
