@@ -52,10 +52,10 @@ struct Int8Panel {
   static int Steps(int k) { return k; }
   template <int kRows>
   void Step(int i, const float* x, int ldx, __m512 (&acc)[kRows][2]) const {
-    const __m256i raw =
-        _mm256_load_si256(reinterpret_cast<const __m256i*>(panel + i * kGemmPanelWidth));
-    FmaRows<kRows>(x, ldx, i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(raw))),
-                   _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(raw, 1))), acc);
+    // Each 16-byte half sign-extended straight from memory (no extract from a 32-byte load).
+    const auto* step = reinterpret_cast<const __m128i*>(panel + i * kGemmPanelWidth);
+    FmaRows<kRows>(x, ldx, i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(step))),
+                   _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(step + 1))), acc);
   }
 };
 
