@@ -9,15 +9,42 @@
 namespace conveyor::kernels {
 namespace {
 
-bool HasAvx512Bf16();
+struct Feature {
+  unsigned leaf, subleaf;
+  char reg;  // 'a', 'b', 'c' or 'd': the CPUID output register.
+  int bit;
+  const char* name;
+};
+
+constexpr Feature kAvx512Bf16 = {7, 1, 'a', 5, "avx512_bf16"};
+constexpr Feature kFeatures[] = {
+    {7, 0, 'b', 5, "avx2"},
+    {1, 0, 'c', 12, "fma"},
+    {7, 0, 'b', 16, "avx512f"},
+    {7, 0, 'b', 31, "avx512vl"},
+    kAvx512Bf16,
+    {7, 0, 'c', 11, "avx512_vnni"},
+    {7, 0, 'd', 23, "avx512_fp16"},
+    {7, 1, 'a', 4, "avx_vnni"},
+    {7, 0, 'd', 24, "amx_tile"},
+    {7, 0, 'd', 22, "amx_bf16"},
+    {7, 0, 'd', 25, "amx_int8"},
+};
+
+bool Has(const Feature& f) {
+  unsigned r[4] = {0, 0, 0, 0};  // eax, ebx, ecx, edx
+  if (__get_cpuid_count(f.leaf, f.subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
+  const unsigned reg = f.reg == 'a' ? r[0] : f.reg == 'b' ? r[1] : f.reg == 'c' ? r[2] : r[3];
+  return ((reg >> f.bit) & 1u) != 0;
+}
 
 // __builtin_cpu_supports checks the OS's register state (XGETBV) as well as CPUID (read
 // directly for AVX512-BF16: compilers differ in which names __builtin_cpu_supports knows;
 // it needs no register state beyond AVX-512F's).
 CpuIsa Detect() {
   if (__builtin_cpu_supports("avx512f")) {
-    return __builtin_cpu_supports("avx512bw") && HasAvx512Bf16() ? CpuIsa::kAvx512Bf16
-                                                                 : CpuIsa::kAvx512;
+    return __builtin_cpu_supports("avx512bw") && Has(kAvx512Bf16) ? CpuIsa::kAvx512Bf16
+                                                                  : CpuIsa::kAvx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::kAvx2;
   return CpuIsa::kPortable;
@@ -79,41 +106,6 @@ std::string CpuIsaEnvironmentError() {
   }
   return "";
 }
-
-namespace {
-
-struct Feature {
-  unsigned leaf, subleaf;
-  char reg;  // 'a', 'b', 'c' or 'd': the CPUID output register.
-  int bit;
-  const char* name;
-};
-
-constexpr Feature kAvx512Bf16 = {7, 1, 'a', 5, "avx512_bf16"};
-constexpr Feature kFeatures[] = {
-    {7, 0, 'b', 5, "avx2"},
-    {1, 0, 'c', 12, "fma"},
-    {7, 0, 'b', 16, "avx512f"},
-    {7, 0, 'b', 31, "avx512vl"},
-    kAvx512Bf16,
-    {7, 0, 'c', 11, "avx512_vnni"},
-    {7, 0, 'd', 23, "avx512_fp16"},
-    {7, 1, 'a', 4, "avx_vnni"},
-    {7, 0, 'd', 24, "amx_tile"},
-    {7, 0, 'd', 22, "amx_bf16"},
-    {7, 0, 'd', 25, "amx_int8"},
-};
-
-bool Has(const Feature& f) {
-  unsigned r[4] = {0, 0, 0, 0};  // eax, ebx, ecx, edx
-  if (__get_cpuid_count(f.leaf, f.subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
-  const unsigned reg = f.reg == 'a' ? r[0] : f.reg == 'b' ? r[1] : f.reg == 'c' ? r[2] : r[3];
-  return ((reg >> f.bit) & 1u) != 0;
-}
-
-bool HasAvx512Bf16() { return Has(kAvx512Bf16); }
-
-}  // namespace
 
 std::string CpuFeatureSummary() {
   std::string out;

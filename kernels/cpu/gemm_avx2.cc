@@ -202,21 +202,6 @@ void Dispatch(const float* x, int ldx, int m, Panel panel, const float* scales, 
   }
 }
 
-// The bf16 kernels' bodies, not inlined into their callers, so that no FMA can be moved
-// out of FlushDenormals' scope.
-[[gnu::noinline]] void Bf16Tiles(const float* x, int ldx, int m, const void* panel, int k,
-                                 const float* bias, float* y, int ldy, int cols,
-                                 const void* prefetch, int prefetch_lines) {
-  Dispatch(x, ldx, m, Bf16Panel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
-           cols, prefetch, prefetch_lines);
-}
-
-[[gnu::noinline]] void Bf16PairTile(const float* x, const void* panel, int k, const float* bias,
-                                    float* y, int cols) {
-  Tile<1, 8>(x, 0, PanelPair<Bf16Panel, uint16_t>(static_cast<const uint16_t*>(panel), k), 0,
-             nullptr, k, bias, y, 0, cols, nullptr, 0);
-}
-
 // ToBf16 (gemm.cc) on 8 floats, as float32 values: nearest even, a denormal to a zero of
 // its sign, a NaN to a quiet NaN.
 __m256 RoundToBf16(__m256 x) {
@@ -267,8 +252,10 @@ void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const floa
 void GemmPanelBf16Avx2(const float* x, int ldx, int m, const void* panel, const float*, int k,
                        const float* bias, float* y, int ldy, int cols, const void* prefetch,
                        int prefetch_lines) {
-  FlushDenormals flush;
-  Bf16Tiles(x, ldx, m, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+  WithDenormalsFlushed([&] {
+    Dispatch(x, ldx, m, Bf16Panel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
+             cols, prefetch, prefetch_lines);
+  });
 }
 
 void GemmPanelInt8Avx2(const float* x, int ldx, int m, const void* panel, const float* scales,
@@ -288,8 +275,10 @@ void GemmPanelPairAvx2(const float* x, int, int, const void* panel, const float*
 
 void GemmPanelPairBf16Avx2(const float* x, int, int, const void* panel, const float*, int k,
                            const float* bias, float* y, int, int cols, const void*, int) {
-  FlushDenormals flush;
-  Bf16PairTile(x, panel, k, bias, y, cols);
+  WithDenormalsFlushed([&] {
+    Tile<1, 8>(x, 0, PanelPair<Bf16Panel, uint16_t>(static_cast<const uint16_t*>(panel), k), 0,
+               nullptr, k, bias, y, 0, cols, nullptr, 0);
+  });
 }
 
 void GemmPanelPairInt8Avx2(const float* x, int, int, const void* panel, const float* scales, int k,

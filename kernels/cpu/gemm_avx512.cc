@@ -59,28 +59,6 @@ struct Int8Panel {
   }
 };
 
-// Not inlined into its caller, so that no FMA can be moved out of FlushDenormals' scope.
-[[gnu::noinline]] void Bf16Tiles(const float* x, int ldx, int m, const void* panel, int k,
-                                 const float* bias, float* y, int ldy, int cols,
-                                 const void* prefetch, int prefetch_lines) {
-  Dispatch(x, ldx, m, Bf16Panel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
-           cols, prefetch, prefetch_lines);
-}
-
-// PairTile over `panel` and the panel after it (k steps of 32 elements each).
-template <typename Panel, typename Element>
-void Pair(const float* x, const void* panel, const float* scales, int k, const float* bias,
-          float* y, int cols) {
-  const auto* first = static_cast<const Element*>(panel);
-  PairTile(x, Panel{first}, Panel{first + static_cast<long>(k) * kGemmPanelWidth}, scales, k, bias,
-           y, cols);
-}
-
-[[gnu::noinline]] void Bf16PairTile(const float* x, const void* panel, int k, const float* bias,
-                                    float* y, int cols) {
-  Pair<Bf16Panel, uint16_t>(x, panel, nullptr, k, bias, y, cols);
-}
-
 }  // namespace
 
 void GemmPanelAvx512(const float* x, int ldx, int m, const void* panel, const float*, int k,
@@ -93,8 +71,10 @@ void GemmPanelAvx512(const float* x, int ldx, int m, const void* panel, const fl
 void GemmPanelBf16Avx512(const float* x, int ldx, int m, const void* panel, const float*, int k,
                          const float* bias, float* y, int ldy, int cols, const void* prefetch,
                          int prefetch_lines) {
-  FlushDenormals flush;
-  Bf16Tiles(x, ldx, m, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+  WithDenormalsFlushed([&] {
+    Dispatch(x, ldx, m, Bf16Panel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
+             cols, prefetch, prefetch_lines);
+  });
 }
 
 void GemmPanelInt8Avx512(const float* x, int ldx, int m, const void* panel, const float* scales,
@@ -107,18 +87,18 @@ void GemmPanelInt8Avx512(const float* x, int ldx, int m, const void* panel, cons
 // One row against two adjacent panels (gemm_kernels.h): four chains at once.
 void GemmPanelPairAvx512(const float* x, int, int, const void* panel, const float*, int k,
                          const float* bias, float* y, int, int cols, const void*, int) {
-  Pair<F32Panel, float>(x, panel, nullptr, k, bias, y, cols);
+  PanelPairTile<F32Panel, float>(x, panel, nullptr, k, bias, y, cols);
 }
 
 void GemmPanelPairBf16Avx512(const float* x, int, int, const void* panel, const float*, int k,
                              const float* bias, float* y, int, int cols, const void*, int) {
-  FlushDenormals flush;
-  Bf16PairTile(x, panel, k, bias, y, cols);
+  WithDenormalsFlushed(
+      [&] { PanelPairTile<Bf16Panel, uint16_t>(x, panel, nullptr, k, bias, y, cols); });
 }
 
 void GemmPanelPairInt8Avx512(const float* x, int, int, const void* panel, const float* scales,
                              int k, const float* bias, float* y, int, int cols, const void*, int) {
-  Pair<Int8Panel, int8_t>(x, panel, scales, k, bias, y, cols);
+  PanelPairTile<Int8Panel, int8_t>(x, panel, scales, k, bias, y, cols);
 }
 
 }  // namespace conveyor::kernels::internal

@@ -36,21 +36,6 @@ struct Bf16DotPanel {
   }
 };
 
-// Not inlined into its caller, so that the bias sum stays in FlushDenormals' scope.
-[[gnu::noinline]] void DotTiles(const float* x, int ldx, int m, const void* panel, int k,
-                                const float* bias, float* y, int ldy, int cols,
-                                const void* prefetch, int prefetch_lines) {
-  Dispatch(x, ldx, m, Bf16DotPanel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
-           cols, prefetch, prefetch_lines);
-}
-
-[[gnu::noinline]] void DotPairTile(const float* x, const void* panel, int k, const float* bias,
-                                   float* y, int cols) {
-  const auto* first = static_cast<const uint16_t*>(panel);
-  PairTile(x, Bf16DotPanel{first}, Bf16DotPanel{first + static_cast<long>(k) * kGemmPanelWidth},
-           nullptr, k, bias, y, cols);
-}
-
 }  // namespace
 
 void RoundBf16PairsAvx512Bf16(const float* x, int ldx, int m, int k, void* out) {
@@ -77,14 +62,17 @@ void RoundBf16PairsAvx512Bf16(const float* x, int ldx, int m, int k, void* out) 
 void GemmPanelBf16Avx512Bf16(const float* x, int ldx, int m, const void* panel, const float*, int k,
                              const float* bias, float* y, int ldy, int cols, const void* prefetch,
                              int prefetch_lines) {
-  FlushDenormals flush;  // vdpbf16ps ignores MXCSR; the bias sum after the chain does not.
-  DotTiles(x, ldx, m, panel, k, bias, y, ldy, cols, prefetch, prefetch_lines);
+  // vdpbf16ps ignores MXCSR; the bias sum after the chain does not.
+  WithDenormalsFlushed([&] {
+    Dispatch(x, ldx, m, Bf16DotPanel{static_cast<const uint16_t*>(panel)}, nullptr, k, bias, y, ldy,
+             cols, prefetch, prefetch_lines);
+  });
 }
 
 void GemmPanelPairBf16Avx512Bf16(const float* x, int, int, const void* panel, const float*, int k,
                                  const float* bias, float* y, int, int cols, const void*, int) {
-  FlushDenormals flush;
-  DotPairTile(x, panel, k, bias, y, cols);
+  WithDenormalsFlushed(
+      [&] { PanelPairTile<Bf16DotPanel, uint16_t>(x, panel, nullptr, k, bias, y, cols); });
 }
 
 }  // namespace conveyor::kernels::internal

@@ -106,6 +106,15 @@ void PairTile(const float* x, Panel first, Panel second, const float* scales, in
                cols - kGemmPanelWidth);
 }
 
+// PairTile over `panel` and the panel after it (k steps of 32 Elements each).
+template <typename Panel, typename Element>
+void PanelPairTile(const float* x, const void* panel, const float* scales, int k, const float* bias,
+                   float* y, int cols) {
+  const auto* first = static_cast<const Element*>(panel);
+  PairTile(x, Panel{first}, Panel{first + static_cast<long>(k) * kGemmPanelWidth}, scales, k, bias,
+           y, cols);
+}
+
 template <typename Panel>
 void Dispatch(const float* x, int ldx, int m, Panel panel, const float* scales, int k,
               const float* bias, float* y, int ldy, int cols, const void* prefetch,

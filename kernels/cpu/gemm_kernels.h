@@ -48,7 +48,7 @@ void GemmPanelPortable(const float* x, int ldx, int m, const void* panel, const 
 // high half; `k` is the even Bf16PaddedK(K) (an odd K gets a zero pair partner). `x` is
 // RoundBf16Activations' output and `ldx` its row stride in 4-byte units: the pairs layout
 // for the AVX512-BF16 kernel, the chain-order layout for the kernels that reproduce it
-// with float32 FMAs (which run under FlushDenormals).
+// with float32 FMAs (which run under WithDenormalsFlushed).
 void GemmPanelBf16Avx512Bf16(const float* x, int ldx, int m, const void* panel, const float* scales,
                              int k, const float* bias, float* y, int ldy, int cols,
                              const void* prefetch, int prefetch_lines);
@@ -112,17 +112,21 @@ void RoundBf16PairsAvx512Bf16(const float* x, int ldx, int m, int k, void* out);
 // 8 values per step: for the AVX2 and AVX-512F levels.
 void RoundBf16ChainOrderAvx2(const float* x, int ldx, int m, int k, void* out);
 
-// Sets MXCSR's flush-to-zero and denormals-are-zero bits for its scope (this thread
-// only), so that float32 FMAs round and flush as vdpbf16ps does.
-class FlushDenormals {
- public:
-  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
-  ~FlushDenormals() { _mm_setcsr(saved_); }
-  FlushDenormals(const FlushDenormals&) = delete;
-  FlushDenormals& operator=(const FlushDenormals&) = delete;
+// Calls body() out of line: the compiler does not treat MXCSR as a dependency of
+// arithmetic, so an inlined body's FMAs could be moved across the MXCSR writes around it.
+template <typename Body>
+[[gnu::noinline]] void CallOutOfLine(Body& body) {
+  body();
+}
 
- private:
-  unsigned saved_;
-};
+// Runs body() with MXCSR's flush-to-zero and denormals-are-zero bits set (this thread
+// only), so that float32 FMAs round and flush as vdpbf16ps does; restores MXCSR after.
+template <typename Body>
+void WithDenormalsFlushed(Body body) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);
+  CallOutOfLine(body);
+  _mm_setcsr(saved);
+}
 
 }  // namespace conveyor::kernels::internal
