@@ -39,11 +39,16 @@ class LinearWeight {
   virtual size_t size_bytes() const = 0;
 };
 
-// One layer's paged KV cache: K and V, each [num_slots, num_kv_heads, head_dim], where
-// slot = block_id * block_size + offset_in_block.
+// One layer's paged KV cache: K and V, num_slots x num_kv_heads x head_dim elements each,
+// where slot = block_id * block_size + offset_in_block. The order of those elements is the
+// backend's own (only WriteKv writes them and only PagedAttention reads them): the CUDA
+// backend keeps [num_slots, num_kv_heads, head_dim]; the CPU backend keeps each block's
+// keys transposed, so attention reads a block's K as whole vectors of positions
+// (internal::CpuKvLayout in kernels/cpu/attention.h).
 struct KvLayer {
   void* k = nullptr;
   void* v = nullptr;
+  int block_size = 0;  // Slots per block; the cache holds a whole number of blocks.
 };
 
 // Per-step attention metadata for the flat batch (all pointers in backend memory).

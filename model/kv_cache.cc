@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(kernels::Backend* backe
                             backend->activation_bytes();
   for (int i = 0; i < num_layers; ++i) {
     kernels::KvLayer layer;
+    layer.block_size = block_size;
     auto k = backend->Allocate(slab_bytes);
     if (!k.ok()) return k.status();
     layer.k = *k;

@@ -17,19 +17,18 @@ void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile)
   const AttentionShape& shape = args.shape;
   const int d = shape.head_dim;
   const int group = shape.num_heads / shape.num_kv_heads;
-  const size_t slot_floats = static_cast<size_t>(shape.num_kv_heads) * d;
-  const size_t head_offset = static_cast<size_t>(tile.kv_head) * d;
+  const CpuKvLayout layout{shape.num_kv_heads, d, batch.block_size};
   const int32_t* table =
       batch.block_tables +
       static_cast<size_t>(batch.token_seq[tile.first_token]) * batch.max_blocks_per_seq;
-  // Calls fn(j, row) for the K or V row of each position j < context, in order, walking
-  // the block table block by block.
-  auto for_each_position = [&](const float* cache, int context, auto&& fn) {
+  // Calls fn(j, base, offset) for each position j < context, in order, walking the block
+  // table block by block: the position is slot `offset` of the block whose KV head
+  // starts at float `base` (CpuKvLayout).
+  auto for_each_position = [&](int context, auto&& fn) {
     for (int block = 0, j = 0; j < context; ++block) {
-      const float* row =
-          cache + static_cast<size_t>(table[block]) * batch.block_size * slot_floats + head_offset;
-      for (int end = std::min(context, j + batch.block_size); j < end; ++j, row += slot_floats) {
-        fn(j, row);
+      const size_t base = layout.HeadBase(table[block], tile.kv_head);
+      for (int offset = 0; offset < batch.block_size && j < context; ++offset, ++j) {
+        fn(j, base, offset);
       }
     }
   };
@@ -43,11 +42,12 @@ void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile)
                      static_cast<size_t>(tile.kv_head) * group * d;
     scores.resize(static_cast<size_t>(group) * context);
     // Each K row is read once for all query heads of the group.
-    for_each_position(args.k_cache, context, [&](int j, const float* k) {
+    for_each_position(context, [&](int j, size_t base, int offset) {
+      const float* k = args.k_cache + base + offset;  // Coordinate c at k[c * block_size].
       for (int g = 0; g < group; ++g) {
         const float* qg = q + static_cast<size_t>(g) * d;
         float dot = 0.0f;
-        for (int c = 0; c < d; ++c) dot += qg[c] * k[c];
+        for (int c = 0; c < d; ++c) dot += qg[c] * k[static_cast<size_t>(c) * batch.block_size];
         scores[static_cast<size_t>(g) * context + j] = dot * shape.scale;
       }
     });
@@ -61,7 +61,8 @@ void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile)
       }
     }
     acc.assign(static_cast<size_t>(group) * d, 0.0f);
-    for_each_position(args.v_cache, context, [&](int j, const float* v) {
+    for_each_position(context, [&](int j, size_t base, int offset) {
+      const float* v = args.v_cache + base + static_cast<size_t>(offset) * d;
       for (int g = 0; g < group; ++g) {
         const float p = scores[static_cast<size_t>(g) * context + j];
         float* ag = acc.data() + static_cast<size_t>(g) * d;

@@ -13,6 +13,7 @@
 // rest of the batch, or the thread that ran it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/backend.h"
@@ -31,12 +32,40 @@ namespace internal {
 // Positions per softmax chunk: one AVX-512 register of scores (two AVX2 registers).
 inline constexpr int kAttentionChunk = 16;
 
+// Where the CPU backend keeps a layer's K and V (each num_blocks * block_size slots of
+// num_kv_heads * head_dim floats). For each block and KV head, K is stored transposed and
+// V as rows:
+//   K: [num_blocks][num_kv_heads][head_dim][block_size]  (coordinate c of every position)
+//   V: [num_blocks][num_kv_heads][block_size][head_dim]
+// A head's K and V of a block are each one contiguous run, and when block_size is a
+// multiple of kAttentionChunk a chunk's keys are head_dim aligned vectors of 16 positions
+// read straight from the cache: no transpose per chunk, no copy.
+struct CpuKvLayout {
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+
+  // First float of KV head h's part of block `block`, in K and in V alike.
+  size_t HeadBase(int32_t block, int h) const {
+    return (static_cast<size_t>(block) * num_kv_heads + h) * head_dim * block_size;
+  }
+  // Float index of coordinate c of KV head h at `slot`, in K and in V.
+  size_t K(size_t slot, int h, int c) const {
+    return HeadBase(static_cast<int32_t>(slot / block_size), h) +
+           static_cast<size_t>(c) * block_size + slot % block_size;
+  }
+  size_t V(size_t slot, int h, int c) const {
+    return HeadBase(static_cast<int32_t>(slot / block_size), h) + (slot % block_size) * head_dim +
+           c;
+  }
+};
+
 struct AttentionArgs {
   const float* q = nullptr;
   int q_row_stride = 0;
   const AttentionBatch* batch = nullptr;
   AttentionShape shape;
-  const float* k_cache = nullptr;
+  const float* k_cache = nullptr;  // CpuKvLayout, block_size = batch->block_size.
   const float* v_cache = nullptr;
   float* out = nullptr;
 };

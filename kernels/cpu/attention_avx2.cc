@@ -22,26 +22,6 @@ static_assert(kAttentionChunk == 2 * kLanes, "a chunk's scores fill two register
 
 float ExpScalar(float x) { return _mm256_cvtss_f32(ExpAvx2(_mm256_set1_ps(x))); }
 
-// Transposes the 8x8 matrix whose rows are r[0..7], in place.
-void Transpose8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  // u[4g + c], 128-bit lane k: column 4k + c of rows 4g..4g+3.
-  for (int g = 0; g < 8; g += 4) {
-    u[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
-    u[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xEE);
-    u[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
-    u[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
-  }
-}
-
 // s[r][0..1] lanes j = q_r · K_j for R rows: two FMA chains over even and odd
 // coordinates, added at the end (as the AVX-512 kernel).
 template <int R>
@@ -53,16 +33,16 @@ void ChunkScores(const TileState& st, int row0, __m256 s[][2]) {
     even[r][0] = even[r][1] = odd[r][0] = odd[r][1] = _mm256_setzero_ps();
   }
   for (int i = 0; i < st.d; i += 2) {
-    const float* k0 = st.kt + i * kAttentionChunk;
-    const float* k1 = k0 + kAttentionChunk;
-    const __m256 k0lo = _mm256_load_ps(k0), k0hi = _mm256_load_ps(k0 + kLanes);
+    const float* k0 = st.kt + static_cast<size_t>(i) * st.kt_stride;
+    const float* k1 = k0 + st.kt_stride;
+    const __m256 k0lo = _mm256_loadu_ps(k0), k0hi = _mm256_loadu_ps(k0 + kLanes);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(q[r] + i);
       even[r][0] = _mm256_fmadd_ps(a, k0lo, even[r][0]);
       even[r][1] = _mm256_fmadd_ps(a, k0hi, even[r][1]);
     }
-    const __m256 k1lo = _mm256_load_ps(k1), k1hi = _mm256_load_ps(k1 + kLanes);
+    const __m256 k1lo = _mm256_loadu_ps(k1), k1hi = _mm256_loadu_ps(k1 + kLanes);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(q[r] + i + 1);
@@ -157,22 +137,6 @@ void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
 struct Avx2 {
   // 4 score accumulators per row: 3 rows take 12 of the 16 registers.
   static constexpr int kMaxBlockRows = 3;
-
-  static void TransposeChunk(const float* const* k_rows, int n, int d, float* kt) {
-    for (int c = 0; c < d; c += kLanes) {
-      for (int half = 0; half < 2; ++half) {
-        __m256 r[kLanes];
-        for (int j = 0; j < kLanes; ++j) {
-          const int pos = half * kLanes + j;
-          r[j] = pos < n ? _mm256_loadu_ps(k_rows[pos] + c) : _mm256_setzero_ps();
-        }
-        Transpose8(r);
-        for (int i = 0; i < kLanes; ++i) {
-          _mm256_store_ps(kt + (c + i) * kAttentionChunk + half * kLanes, r[i]);
-        }
-      }
-    }
-  }
 
   static void ProcessRowBlock(const TileState& st, int row0, int rows, int chunk_pos, int n) {
     switch (rows) {

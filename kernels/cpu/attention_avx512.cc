@@ -27,41 +27,6 @@ float ExpScalar(float x) {
   return _mm_cvtss_f32(_mm512_castps512_ps128(ExpAvx512(_mm512_set1_ps(x))));
 }
 
-__m512 UnpackLo64(__m512 a, __m512 b) {
-  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
-}
-__m512 UnpackHi64(__m512 a, __m512 b) {
-  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
-}
-
-// Transposes the 16x16 matrix whose rows are r[0..15], in place.
-void Transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  // u[4g + c], 128-bit lane k: column 4k + c of rows 4g..4g+3.
-  __m512 u[16];
-  for (int g = 0; g < 16; g += 4) {
-    u[g] = UnpackLo64(t[g], t[g + 2]);
-    u[g + 1] = UnpackHi64(t[g], t[g + 2]);
-    u[g + 2] = UnpackLo64(t[g + 1], t[g + 3]);
-    u[g + 3] = UnpackHi64(t[g + 1], t[g + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    // Lanes: columns c, 8+c (rows 0-3), c, 8+c (rows 4-7); and 4+c, 12+c likewise.
-    const __m512 lo_even = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
-    const __m512 lo_odd = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
-    const __m512 hi_even = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
-    const __m512 hi_odd = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
-    r[c] = _mm512_shuffle_f32x4(lo_even, hi_even, 0x88);
-    r[8 + c] = _mm512_shuffle_f32x4(lo_even, hi_even, 0xDD);
-    r[4 + c] = _mm512_shuffle_f32x4(lo_odd, hi_odd, 0x88);
-    r[12 + c] = _mm512_shuffle_f32x4(lo_odd, hi_odd, 0xDD);
-  }
-}
-
 // s[r] lane j = q_r · K_j for R rows: two FMA chains over even and odd coordinates
 // (for latency), added at the end.
 template <int R>
@@ -74,8 +39,8 @@ void ChunkScores(const TileState& st, int row0, __m512* s) {
     odd[r] = _mm512_setzero_ps();
   }
   for (int i = 0; i < st.d; i += 2) {
-    const __m512 k0 = _mm512_load_ps(st.kt + i * kLanes);
-    const __m512 k1 = _mm512_load_ps(st.kt + (i + 1) * kLanes);
+    const __m512 k0 = _mm512_loadu_ps(st.kt + static_cast<size_t>(i) * st.kt_stride);
+    const __m512 k1 = _mm512_loadu_ps(st.kt + static_cast<size_t>(i + 1) * st.kt_stride);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       even[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][i]), k0, even[r]);
@@ -146,17 +111,6 @@ void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
 
 struct Avx512 {
   static constexpr int kMaxBlockRows = 8;
-
-  static void TransposeChunk(const float* const* k_rows, int n, int d, float* kt) {
-    for (int c = 0; c < d; c += kLanes) {
-      __m512 r[kLanes];
-      for (int j = 0; j < kLanes; ++j) {
-        r[j] = j < n ? _mm512_loadu_ps(k_rows[j] + c) : _mm512_setzero_ps();
-      }
-      Transpose16(r);
-      for (int i = 0; i < kLanes; ++i) _mm512_store_ps(kt + (c + i) * kLanes, r[i]);
-    }
-  }
 
   static void ProcessRowBlock(const TileState& st, int row0, int rows, int chunk_pos, int n) {
     switch (rows) {

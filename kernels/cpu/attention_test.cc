@@ -74,11 +74,14 @@ class PagedFixture {
     k_.assign(cache_floats, NAN);
     v_.assign(cache_floats, NAN);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    layout_ = {kNumKvHeads, p.head_dim, p.block_size};
     for (size_t s = 0; s < lengths.size(); ++s) {
       for (int pos = 0; pos < lengths[s]; ++pos) {
-        for (size_t i = 0; i < slot_floats_; ++i) {
-          k_[Slot(s, pos) * slot_floats_ + i] = dist(rng_);
-          v_[Slot(s, pos) * slot_floats_ + i] = dist(rng_);
+        for (int h = 0; h < kNumKvHeads; ++h) {
+          for (int c = 0; c < p.head_dim; ++c) {
+            k_[layout_.K(Slot(s, pos), h, c)] = dist(rng_);
+            v_[layout_.V(Slot(s, pos), h, c)] = dist(rng_);
+          }
         }
       }
     }
@@ -111,9 +114,10 @@ class PagedFixture {
   // The whole batch through Backend::PagedAttention (CPU memory is host memory).
   std::vector<float> RunBackend(Backend* backend) const {
     return Compute(0, num_tokens(), [&](const internal::AttentionArgs& args) {
-      backend->PagedAttention(
-          args.q, args.q_row_stride, *args.batch, args.shape,
-          KvLayer{const_cast<float*>(args.k_cache), const_cast<float*>(args.v_cache)}, args.out);
+      backend->PagedAttention(args.q, args.q_row_stride, *args.batch, args.shape,
+                              KvLayer{const_cast<float*>(args.k_cache),
+                                      const_cast<float*>(args.v_cache), param_.block_size},
+                              args.out);
     });
   }
 
@@ -125,12 +129,13 @@ class PagedFixture {
       const Token& tok = tokens_[t];
       for (int h = 0; h < shape_.num_heads; ++h) {
         const float* q = q_.data() + t * q_stride_ + static_cast<size_t>(h) * d;
-        const size_t head = static_cast<size_t>(h / group) * d;
+        const int kv_head = h / group;
         std::vector<double> w(tok.pos + 1);
         for (int j = 0; j <= tok.pos; ++j) {
-          const float* k = k_.data() + Slot(tok.seq, j) * slot_floats_ + head;
           double dot = 0.0;
-          for (int i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
+          for (int i = 0; i < d; ++i) {
+            dot += static_cast<double>(q[i]) * k_[layout_.K(Slot(tok.seq, j), kv_head, i)];
+          }
           w[j] = dot * shape_.scale;
         }
         const double max_w = *std::max_element(w.begin(), w.end());
@@ -139,7 +144,7 @@ class PagedFixture {
         for (int i = 0; i < d; ++i) {
           double acc = 0.0;
           for (int j = 0; j <= tok.pos; ++j) {
-            acc += w[j] * v_[Slot(tok.seq, j) * slot_floats_ + head + i];
+            acc += w[j] * v_[layout_.V(Slot(tok.seq, j), kv_head, i)];
           }
           out[t * RowFloats() + static_cast<size_t>(h) * d + i] = acc / sum;
         }
@@ -191,6 +196,7 @@ class PagedFixture {
   std::vector<int> lengths_;
   std::mt19937 rng_;
   AttentionShape shape_;
+  internal::CpuKvLayout layout_;
   size_t slot_floats_ = 0;
   int max_blocks_ = 0;
   std::vector<int32_t> tables_;
@@ -307,6 +313,51 @@ TEST(AttentionKernelsTest, Avx2AndAvx512GiveTheSameBits) {
       EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)), 0)
           << "group " << group << ", block " << block;
     }
+  }
+}
+
+// WriteKv puts each token's K and V where CpuKvLayout says (which is where the kernels
+// read them) and nowhere else, for block sizes that are and are not multiples of 16.
+TEST(CpuBackendAttentionTest, WriteKvFollowsTheLayout) {
+  constexpr int kKvHeads = 3, kHeadDim = 32, kHeads = 6, kBlocks = 7;
+  const int stride = (kHeads + 2 * kKvHeads) * kHeadDim;
+  for (int block_size : {16, 5, 48}) {
+    const int num_slots = kBlocks * block_size;
+    const size_t cache_floats = static_cast<size_t>(num_slots) * kKvHeads * kHeadDim;
+    std::vector<int32_t> slots(num_slots);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::mt19937 rng(block_size);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots.resize(num_slots / 2);
+    const int n = static_cast<int>(slots.size());
+    std::vector<float> qkv(static_cast<size_t>(n) * stride);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (float& x : qkv) x = dist(rng);
+    std::vector<float> k_cache(cache_floats, NAN), v_cache(cache_floats, NAN);
+    AttentionShape shape;
+    shape.num_heads = kHeads;
+    shape.num_kv_heads = kKvHeads;
+    shape.head_dim = kHeadDim;
+    std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+    const float* k = qkv.data() + kHeads * kHeadDim;
+    backend->WriteKv(k, k + kKvHeads * kHeadDim, n, stride, slots.data(), shape,
+                     {k_cache.data(), v_cache.data(), block_size});
+    const internal::CpuKvLayout layout{kKvHeads, kHeadDim, block_size};
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < kKvHeads; ++h) {
+        for (int c = 0; c < kHeadDim; ++c) {
+          const size_t at = static_cast<size_t>(t) * stride + (kHeads + h) * kHeadDim + c;
+          ASSERT_EQ(k_cache[layout.K(slots[t], h, c)], qkv[at]) << "block_size " << block_size;
+          ASSERT_EQ(v_cache[layout.V(slots[t], h, c)], qkv[at + kKvHeads * kHeadDim])
+              << "block_size " << block_size;
+        }
+      }
+    }
+    const auto written = [](const std::vector<float>& cache) {
+      return std::count_if(cache.begin(), cache.end(), [](float x) { return !std::isnan(x); });
+    };
+    EXPECT_EQ(written(k_cache), n * kKvHeads * kHeadDim) << "block_size " << block_size;
+    EXPECT_EQ(written(v_cache), n * kKvHeads * kHeadDim) << "block_size " << block_size;
   }
 }
 

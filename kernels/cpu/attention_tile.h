@@ -1,17 +1,19 @@
 // The paged-attention tile driver shared by the AVX-512 and AVX2 kernels, templated on
-// the instruction set's few operations (transposing a chunk of K, scoring a block of
-// query rows and updating their softmax and P·V, normalizing a row). Include only from
-// an ISA file (attention_avx512.cc, attention_avx2.cc): everything here has internal
-// linkage, so each file gets its own copy compiled for its own instructions and the
-// linker can never hand one file's instructions to a CPU that only runs the other's.
+// the instruction set's few operations (scoring a block of query rows against a chunk and
+// updating their softmax and P·V, normalizing a row). Include only from an ISA file
+// (attention_avx512.cc, attention_avx2.cc): everything here has internal linkage, so each
+// file gets its own copy compiled for its own instructions and the linker can never hand
+// one file's instructions to a CPU that only runs the other's.
 //
-// Per chunk of 16 positions, the chunk's K rows are transposed once (kt[d][16]: one
-// head_dim coordinate of all 16 positions together) and shared by every query row of the
-// tile: each row's 16 scores come out of FMA chains over head_dim, with no horizontal
-// sums. Each row then updates its own online-softmax state and accumulates P·V into its
-// own accumulators. Which rows share a pass only changes which loads are shared, never a
-// row's arithmetic, so the result is batch-invariant (see attention.h). Both ISAs run
-// the same operations per lane, so they give the same bits.
+// Per chunk of 16 positions, the chunk's keys come as kt[d][16] (one head_dim coordinate
+// of all 16 positions together): straight from the cache, which keeps K transposed per
+// block (CpuKvLayout), or gathered into a buffer when block_size is not a multiple of 16
+// and a chunk spans blocks. They are shared by every query row of the tile: each row's
+// 16 scores come out of FMA chains over head_dim, with no horizontal sums. Each row then
+// updates its own online-softmax state and accumulates P·V into its own accumulators.
+// Which rows share a pass only changes which loads are shared, never a row's arithmetic,
+// so the result is batch-invariant (see attention.h). Both ISAs run the same operations
+// per lane, so they give the same bits.
 #pragma once
 
 #include <xmmintrin.h>  // _mm_prefetch
@@ -59,7 +61,8 @@ struct TileState {
   int group = 0;      // Query heads per KV head.
   int first_pos = 0;  // Position of the tile's first token.
   float scale = 1.0f;
-  const float* kt = nullptr;             // [d][16]: the chunk's K, transposed.
+  const float* kt = nullptr;  // [d][16] at kt_stride floats per coordinate: the chunk's K.
+  int kt_stride = 0;
   const float* const* v_rows = nullptr;  // [16]: the chunk's V rows (this KV head).
   const float* const* q_rows = nullptr;  // [rows]
   float* const* acc_rows = nullptr;      // [rows] -> [d]: unnormalized outputs.
@@ -90,7 +93,6 @@ float SumLanes16(const float* l) {
 
 // Isa provides:
 //   kMaxBlockRows: query rows register-blocked together;
-//   TransposeChunk(k_rows, n, d, kt): kt[c][j] = k_rows[j][c] for j < n, 0 for j >= n;
 //   ProcessRowBlock(st, row0, rows, chunk_pos, n): scores, softmax update and P·V of
 //     rows [row0, row0 + rows) against the chunk;
 //   Normalize(acc, inv, d, out): out[c] = acc[c] · inv.
@@ -101,8 +103,10 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
   const int d = shape.head_dim;
   const int group = shape.num_heads / shape.num_kv_heads;
   const int rows = tile.num_tokens * group;
-  const size_t slot_floats = static_cast<size_t>(shape.num_kv_heads) * d;
-  const size_t head_offset = static_cast<size_t>(tile.kv_head) * d;
+  const CpuKvLayout layout{shape.num_kv_heads, d, batch.block_size};
+  const int block_size = batch.block_size;
+  // Blocks of whole chunks: each chunk's K is read in place.
+  const bool direct = block_size % kChunk == 0;
   const int first_pos = batch.token_pos[tile.first_token];
   const int last_pos = first_pos + tile.num_tokens - 1;
   const int32_t* table =
@@ -117,9 +121,8 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
   st.group = group;
   st.first_pos = first_pos;
   st.scale = shape.scale;
-  float* kt = kt_buf.Get(static_cast<size_t>(d) * kChunk);
+  float* kt_gathered = direct ? nullptr : kt_buf.Get(static_cast<size_t>(d) * kChunk);
   float* acc = acc_buf.Get(static_cast<size_t>(rows) * d);
-  st.kt = kt;
   st.p = p_buf.Get(static_cast<size_t>(rows) * kChunk);
   st.l = l_buf.Get(static_cast<size_t>(rows) * kChunk);
   st.m = m_buf.Get(rows);
@@ -138,19 +141,19 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
   st.q_rows = q_rows.data();
   st.acc_rows = acc_rows.data();
 
-  // Row pointers of the current and the next chunk (the next one is prefetched while
-  // the current one computes: decode reads K/V from beyond L2).
-  const float* k_rows[2][kChunk];
+  // Where the current and the next chunk are (the next one is prefetched while the
+  // current one computes: decode reads K/V from beyond L2). Per position: its V row, and
+  // the start of its K column (coordinate c at + c * block_size).
+  const float* k_cols[2][kChunk];
   const float* v_rows[2][kChunk];
-  // Walks positions to slots block by block: no division per position.
-  int block = 0, offset = 0;
   auto locate = [&](int chunk_pos, int buf) {
     const int n = std::min(kChunk, last_pos - chunk_pos + 1);
+    int block = chunk_pos / block_size, offset = chunk_pos % block_size;
     for (int j = 0; j < n; ++j) {
-      const size_t slot = static_cast<size_t>(table[block]) * batch.block_size + offset;
-      k_rows[buf][j] = args.k_cache + slot * slot_floats + head_offset;
-      v_rows[buf][j] = args.v_cache + slot * slot_floats + head_offset;
-      if (++offset == batch.block_size) {
+      const size_t base = layout.HeadBase(table[block], tile.kv_head);
+      k_cols[buf][j] = args.k_cache + base + offset;
+      v_rows[buf][j] = args.v_cache + base + static_cast<size_t>(offset) * d;
+      if (++offset == block_size) {
         offset = 0;
         ++block;
       }
@@ -163,17 +166,31 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
     if (next_pos <= last_pos) {
       locate(next_pos, cur ^ 1);
       const int next_n = std::min(kChunk, last_pos - next_pos + 1);
+      if (direct) {
+        for (int c = 0; c < d; ++c) {
+          _mm_prefetch(reinterpret_cast<const char*>(k_cols[cur ^ 1][0] + c * block_size),
+                       _MM_HINT_T0);
+        }
+      }
       for (int j = 0; j < next_n; ++j) {
         for (int c = 0; c < d; c += 16) {
-          _mm_prefetch(reinterpret_cast<const char*>(k_rows[cur ^ 1][j] + c), _MM_HINT_T0);
           _mm_prefetch(reinterpret_cast<const char*>(v_rows[cur ^ 1][j] + c), _MM_HINT_T0);
         }
       }
     }
     st.v_rows = v_rows[cur];
-    // Positions past the chunk's end may be unwritten (even NaN): TransposeChunk puts
-    // zeros there, and no row's softmax looks at those lanes.
-    Isa::TransposeChunk(k_rows[cur], n, d, kt);
+    // Lanes past the chunk's end (n < 16) hold whatever the cache holds there, even NaN:
+    // no row's softmax looks at those lanes, and P·V stops at n.
+    if (direct) {
+      st.kt = k_cols[cur][0];
+      st.kt_stride = block_size;
+    } else {
+      for (int c = 0; c < d; ++c) {
+        for (int j = 0; j < n; ++j) kt_gathered[c * kChunk + j] = k_cols[cur][j][c * block_size];
+      }
+      st.kt = kt_gathered;
+      st.kt_stride = kChunk;
+    }
     // Tokens before chunk_pos do not see this chunk; the rest form a suffix of the rows.
     const int first_row = std::max(0, chunk_pos - first_pos) * group;
     for (int row0 = first_row; row0 < rows; row0 += Isa::kMaxBlockRows) {

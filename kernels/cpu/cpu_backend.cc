@@ -189,15 +189,23 @@ class CpuBackend final : public Backend {
 
   void WriteKv(const void* k, const void* v, int n, int row_stride, const int32_t* slot_mapping,
                const AttentionShape& shape, KvLayer layer) override {
-    const size_t slot_floats = static_cast<size_t>(shape.num_kv_heads) * shape.head_dim;
-    const int64_t grain = RowGrain(2 * static_cast<int64_t>(slot_floats));
+    const internal::CpuKvLayout layout{shape.num_kv_heads, shape.head_dim, layer.block_size};
+    const int d = shape.head_dim;
+    float* k_cache = static_cast<float*>(layer.k);
+    float* v_cache = static_cast<float*>(layer.v);
+    const int64_t grain = RowGrain(2 * static_cast<int64_t>(shape.num_kv_heads) * d);
     pool_.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const size_t slot = static_cast<size_t>(slot_mapping[t]);
-        std::memcpy(static_cast<float*>(layer.k) + slot * slot_floats,
-                    static_cast<const float*>(k) + t * row_stride, slot_floats * sizeof(float));
-        std::memcpy(static_cast<float*>(layer.v) + slot * slot_floats,
-                    static_cast<const float*>(v) + t * row_stride, slot_floats * sizeof(float));
+        const float* k_row = static_cast<const float*>(k) + t * row_stride;
+        const float* v_row = static_cast<const float*>(v) + t * row_stride;
+        for (int h = 0; h < shape.num_kv_heads; ++h) {
+          // K goes into its slot's column of the block (transposed), V into its row.
+          float* k_col = k_cache + layout.K(slot, h, 0);
+          for (int c = 0; c < d; ++c)
+            k_col[static_cast<size_t>(c) * layer.block_size] = k_row[h * d + c];
+          std::memcpy(v_cache + layout.V(slot, h, 0), v_row + h * d, d * sizeof(float));
+        }
       }
     });
   }

@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_isa.h"
 
 namespace conveyor::kernels {
@@ -253,14 +254,23 @@ std::vector<std::vector<float>> RunRowOps(Backend* b, const std::vector<int32_t>
   float* k = qkv.data() + kHeads * kHeadDim;
   float* v = k + kKvHeads * kHeadDim;
   b->Rope(qkv.data(), k, n, kQkvWidth, positions.data(), rope.data(), kPositions, shape);
-  // Each token writes slot ids[t]; the cache's rows come back in token order.
+  // Each token writes slot ids[t] (blocks of 16 slots); the cache's rows come back in
+  // token order, read through the CPU backend's layout.
+  const int kBlock = 16;
   const size_t slot_floats = kKvHeads * kHeadDim;
-  std::vector<float> k_cache(kBatch * slot_floats), v_cache(kBatch * slot_floats);
-  b->WriteKv(k, v, n, kQkvWidth, ids.data(), shape, {k_cache.data(), v_cache.data()});
-  std::vector<int32_t> slots(ids.begin(), ids.end());
-  std::vector<float> k_rows(n * slot_floats), v_rows(n * slot_floats);
-  b->GatherRows(k_cache.data(), slot_floats, slots.data(), n, k_rows.data());
-  b->GatherRows(v_cache.data(), slot_floats, slots.data(), n, v_rows.data());
+  const size_t cache_floats = (kBatch + kBlock - 1) / kBlock * kBlock * slot_floats;
+  std::vector<float> k_cache(cache_floats), v_cache(cache_floats);
+  b->WriteKv(k, v, n, kQkvWidth, ids.data(), shape, {k_cache.data(), v_cache.data(), kBlock});
+  const internal::CpuKvLayout layout{kKvHeads, kHeadDim, kBlock};
+  std::vector<float> k_rows, v_rows;
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < kKvHeads; ++h) {
+      for (int c = 0; c < kHeadDim; ++c) {
+        k_rows.push_back(k_cache[layout.K(ids[t], h, c)]);
+        v_rows.push_back(v_cache[layout.V(ids[t], h, c)]);
+      }
+    }
+  }
   std::vector<float> gate_up = rows_of(gate_up_all, 2 * kFfn);
   std::vector<float> mlp(static_cast<size_t>(n) * kFfn);
   b->SiluMul(gate_up.data(), n, kFfn, mlp.data());

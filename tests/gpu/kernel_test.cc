@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace conveyor::kernels {
@@ -359,21 +360,41 @@ TEST_P(CudaKernelTest, WriteKvFillsExactlyTheMappedSlots) {
     shape.num_heads = s.heads;
     shape.num_kv_heads = s.kv_heads;
     shape.head_dim = s.head_dim;
-    auto run = [&](Buffers& b) {
+    constexpr int kBlockSize = 16;  // num_slots is a whole number of blocks.
+    // The caches in slot order, [num_slots, kv_heads, head_dim], K then V. The CUDA
+    // backend keeps them so; the CPU backend's layout (K transposed per block) is
+    // translated.
+    auto run = [&](Buffers& b, bool cpu_layout) {
       const size_t e = b.backend().activation_bytes();
       char* base = static_cast<char*>(b.Acts(qkv));
-      KvLayer layer{b.Poisoned(num_slots * slot_elems), b.Poisoned(num_slots * slot_elems)};
+      KvLayer layer{b.Poisoned(num_slots * slot_elems), b.Poisoned(num_slots * slot_elems),
+                    kBlockSize};
       b.backend().WriteKv(base + static_cast<size_t>(s.heads) * s.head_dim * e,
                           base + static_cast<size_t>(s.heads + s.kv_heads) * s.head_dim * e, n,
                           stride, static_cast<const int32_t*>(b.Ints(slots)), shape, layer);
-      std::vector<float> caches = b.Read(layer.k, num_slots * slot_elems);
+      const std::vector<float> k = b.Read(layer.k, num_slots * slot_elems);
       const std::vector<float> v = b.Read(layer.v, num_slots * slot_elems);
-      caches.insert(caches.end(), v.begin(), v.end());
+      if (!cpu_layout) {
+        std::vector<float> caches = k;
+        caches.insert(caches.end(), v.begin(), v.end());
+        return caches;
+      }
+      const internal::CpuKvLayout layout{s.kv_heads, s.head_dim, kBlockSize};
+      std::vector<float> caches(2 * num_slots * slot_elems);
+      for (int slot = 0; slot < num_slots; ++slot) {
+        for (int h = 0; h < s.kv_heads; ++h) {
+          for (int c = 0; c < s.head_dim; ++c) {
+            const size_t at = (static_cast<size_t>(slot) * s.kv_heads + h) * s.head_dim + c;
+            caches[at] = k[layout.K(slot, h, c)];
+            caches[num_slots * slot_elems + at] = v[layout.V(slot, h, c)];
+          }
+        }
+      }
       return caches;
     };
     Buffers gpu(gpu_.get()), cpu(cpu_.get());
     ExpectExact("write_kv_kv" + std::to_string(s.kv_heads) + "_d" + std::to_string(s.head_dim),
-                run(gpu), run(cpu));
+                run(gpu, false), run(cpu, true));
   }
 }
 
@@ -498,7 +519,15 @@ class CudaAttentionTest : public CudaKernelTest {
     shape.num_kv_heads = c.num_kv_heads;
     shape.head_dim = c.head_dim;
     shape.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const KvLayer layer{b.Acts(in.k_cache), b.Acts(in.v_cache)};
+    // The caches filled as the worker fills them, through the backend's own WriteKv (each
+    // backend has its own layout): every slot, from the host arrays in slot order.
+    const size_t slot_elems = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
+    const KvLayer layer{b.Poisoned(in.k_cache.size()), b.Poisoned(in.v_cache.size()), c.block_size};
+    std::vector<int32_t> all_slots(in.num_slots);
+    std::iota(all_slots.begin(), all_slots.end(), 0);
+    b.backend().WriteKv(b.Acts(in.k_cache), b.Acts(in.v_cache), in.num_slots,
+                        static_cast<int>(slot_elems),
+                        static_cast<const int32_t*>(b.Ints(all_slots)), shape, layer);
     const size_t out_elems = static_cast<size_t>(n) * c.num_heads * c.head_dim;
     void* out = b.Poisoned(out_elems);
     b.backend().PagedAttention(b.Acts(q), in.q_row_stride, batch, shape, layer, out);
@@ -597,7 +626,8 @@ TEST_P(CudaKernelTest, UnsupportedAttentionShapeIsRecorded) {
   shape.num_kv_heads = 1;
   shape.head_dim = 264;  // Over kMaxAttentionHeadDim.
   void* buffer = gpu.Poisoned(16 * 264 * 2);
-  gpu_->PagedAttention(buffer, 2 * 264, batch, shape, KvLayer{buffer, buffer}, buffer);
+  gpu_->PagedAttention(buffer, 2 * 264, batch, shape, KvLayer{buffer, buffer, batch.block_size},
+                       buffer);
   EXPECT_EQ(gpu_->Synchronize().code(), absl::StatusCode::kInvalidArgument) << gpu_->last_error();
 }
 
@@ -620,8 +650,8 @@ TEST_P(CudaKernelTest, EmptyBatchesLaunchNothing) {
   gpu_->AddRmsNorm(buffer, buffer, w, 0, 64, 1e-5f, buffer);
   gpu_->Linear(buffer, 0, *linear, buffer);
   gpu_->Rope(buffer, buffer, 0, 128, ints, w, 1, shape);
-  gpu_->WriteKv(buffer, buffer, 0, 128, ints, shape, KvLayer{buffer, buffer});
-  gpu_->PagedAttention(buffer, 128, batch, shape, KvLayer{buffer, buffer}, buffer);
+  gpu_->WriteKv(buffer, buffer, 0, 128, ints, shape, KvLayer{buffer, buffer, 16});
+  gpu_->PagedAttention(buffer, 128, batch, shape, KvLayer{buffer, buffer, 16}, buffer);
   gpu_->SiluMul(buffer, 0, 64, buffer);
   gpu_->GatherRows(buffer, 64, ints, 0, buffer);
   gpu_->CopyActivationsToHost(nullptr, buffer, 0);

@@ -202,7 +202,13 @@ TEST_F(EngineTest, CancellingHalfTheRequestsFreesEveryBlock) {
       EXPECT_EQ(sinks[i]->tokens_.size(), 200u);
     }
   }
-  std::this_thread::sleep_for(20ms);  // One more loop iteration publishes the stats.
+  // The stats are published by a later loop iteration: wait for it (under load, one
+  // may take longer than any fixed sleep), then check.
+  for (int i = 0;
+       i < 5000 && (engine_->stats().kv_blocks_used != 0 || engine_->num_live_requests() != 0);
+       ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
   EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
   EXPECT_EQ(engine_->num_live_requests(), 0);
 }
