@@ -347,7 +347,7 @@ void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, con
           // computes this one: the weight stream then overlaps the arithmetic instead of
           // alternating with it. One thread, the `small` model's GEMMs from memory, bf16:
           // m=8 6.2-6.4 -> 4.5-4.6 ms, m=12 8.3 -> 5.0-6.4 ms (m=1 takes the pair kernel).
-          const int64_t next_panel = p + 1 < p_end             ? p + 1
+          const int64_t next_panel = p + 1 < p_end       ? p + 1
                                      : next < num_chunks ? next * panels_per_chunk
                                                          : -1;
           kernel(x, ldx, rows, panels + static_cast<size_t>(p) * panel_bytes,
