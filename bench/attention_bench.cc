@@ -20,6 +20,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/gemm_kernels.h"  // ToBf16
 
 namespace conveyor::kernels {
 namespace {
@@ -32,7 +33,8 @@ struct Case {
 
 constexpr int kBlockSize = 16;
 
-double Run(const Case& c, internal::AttentionTileKernel kernel, double seconds, double* bytes) {
+double Run(const Case& c, CpuKvDtype kv, internal::AttentionTileKernel kernel, double seconds,
+           double* bytes) {
   const int blocks_per_seq = (c.context + kBlockSize - 1) / kBlockSize;
   const size_t slot_floats = static_cast<size_t>(c.num_kv_heads) * c.head_dim;
   const size_t slots = static_cast<size_t>(c.seqs) * blocks_per_seq * kBlockSize;
@@ -40,19 +42,25 @@ double Run(const Case& c, internal::AttentionTileKernel kernel, double seconds, 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   // The cache in the CPU backend's own memory (2 MiB pages where the kernel allows), as
   // the worker allocates it: 4 KiB pages would add a TLB miss per block.
-  const size_t cache_floats = slots * slot_floats;
+  const size_t cache_elems = slots * slot_floats;
+  const size_t elem_bytes = kv == CpuKvDtype::kBf16 ? 2 : 4;
   static std::unique_ptr<Backend> backend = MakeCpuBackend(1);
   auto allocate = [&](size_t count) {
-    absl::StatusOr<void*> p = backend->Allocate(count * sizeof(float));
+    absl::StatusOr<void*> p = backend->Allocate(count * elem_bytes);
     if (!p.ok()) std::abort();
-    return std::unique_ptr<float, std::function<void(float*)>>(static_cast<float*>(*p),
-                                                               [](float* f) { backend->Free(f); });
+    return std::unique_ptr<void, std::function<void(void*)>>(*p, [](void* f) { backend->Free(f); });
   };
-  auto k_buf = allocate(cache_floats), v_buf = allocate(cache_floats);
-  float* k = k_buf.get();
-  float* v = v_buf.get();
-  for (size_t i = 0; i < cache_floats; ++i) k[i] = normal(rng);
-  for (size_t i = 0; i < cache_floats; ++i) v[i] = normal(rng);
+  auto k_buf = allocate(cache_elems), v_buf = allocate(cache_elems);
+  for (void* cache : {k_buf.get(), v_buf.get()}) {
+    for (size_t i = 0; i < cache_elems; ++i) {
+      const float x = normal(rng);
+      if (kv == CpuKvDtype::kBf16) {
+        static_cast<uint16_t*>(cache)[i] = internal::ToBf16(x);
+      } else {
+        static_cast<float*>(cache)[i] = x;
+      }
+    }
+  }
   // Blocks shuffled over the pool, as a running server's are.
   std::vector<int32_t> table(static_cast<size_t>(c.seqs) * blocks_per_seq);
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
@@ -83,10 +91,11 @@ double Run(const Case& c, internal::AttentionTileKernel kernel, double seconds, 
   args.batch = &batch;
   args.shape = {c.num_heads, c.num_kv_heads, c.head_dim,
                 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-  args.k_cache = k;
-  args.v_cache = v;
+  args.k_cache = k_buf.get();
+  args.v_cache = v_buf.get();
+  args.kv_dtype = kv;
   args.out = out.data();
-  *bytes = 2.0 * c.seqs * c.context * slot_floats * sizeof(float);
+  *bytes = 2.0 * c.seqs * c.context * slot_floats * elem_bytes;
 
   double best = 1e30;
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -128,24 +137,26 @@ int main(int argc, char** argv) {
       {"portable", CpuIsa::kPortable, internal::AttentionTilePortable},
   };
   std::printf("PagedAttention, one thread, best over %.1f s; K/V MB read per call\n", seconds);
-  std::printf("  %-28s %8s", "case", "K/V MB");
+  std::printf("  %-28s %4s %8s", "case", "KV", "K/V MB");
   for (const Level& l : levels) std::printf(" %10s ms %6s", l.name, "GB/s");
   std::printf("\n");
   for (const Case& c : cases) {
     if (std::strstr(c.name, only) == nullptr) continue;
-    double bytes = 0;
-    std::printf("  %-28s", c.name);
-    bool first = true;
-    for (const Level& l : levels) {
-      if (DetectedCpuIsa() < l.isa) {
-        std::printf(" %10s    %6s", "-", "-");
-        continue;
+    for (CpuKvDtype kv : {CpuKvDtype::kF32, CpuKvDtype::kBf16}) {
+      double bytes = 0;
+      std::printf("  %-28s %4s", c.name, CpuKvDtypeName(kv));
+      bool first = true;
+      for (const Level& l : levels) {
+        if (DetectedCpuIsa() < l.isa) {
+          std::printf(" %10s    %6s", "-", "-");
+          continue;
+        }
+        const double s = Run(c, kv, l.kernel, seconds, &bytes);
+        if (first) std::printf(" %8.2f", bytes / 1e6), first = false;
+        std::printf(" %10.3f    %6.1f", s * 1e3, bytes / s / 1e9);
       }
-      const double s = Run(c, l.kernel, seconds, &bytes);
-      if (first) std::printf(" %8.2f", bytes / 1e6), first = false;
-      std::printf(" %10.3f    %6.1f", s * 1e3, bytes / s / 1e9);
+      std::printf("\n");
     }
-    std::printf("\n");
   }
   return 0;
 }

@@ -10,7 +10,8 @@
 #                            OpenBLAS picks its kernel from the CPU (0.3.21 falls back to
 #                            Prescott on CPUs newer than it knows)
 #   --openblas-coretype NAME run OpenBLAS's NAME kernel (e.g. SkylakeX) for this run
-# worker_bench options: --threads N (default: all cores), --quick (fewer repetitions).
+# worker_bench options: --threads N (default: all cores), --quick (fewer repetitions),
+#   --weight_dtype f32|bf16|int8, --kv_dtype auto|f32|bf16.
 #
 # The OpenBLAS settings change only the sgemm ceiling: the worker computes with its own
 # GEMM. Whatever ran, the benchmark prints the OpenBLAS kernel it used.
@@ -28,7 +29,7 @@ while (($#)); do
     --model-dir) model_dir="$2"; shift 2 ;;
     --native-openblas) openblas_mode="native"; shift ;;
     --openblas-coretype) openblas_mode="coretype"; coretype="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) bench_args+=("$1"); shift ;;
   esac
 done

@@ -58,11 +58,14 @@ struct Options {
   int threads = 0;
   bool quick = false;
   kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32;
+  std::string kv = "auto";  // --kv_dtype: auto (as the worker's: bf16 with bf16 weights).
 };
 
 // How the worker stores linear weights (--weight_dtype), and the same for the GEMM
 // replays and ceilings, so every ratio compares like with like.
 kernels::CpuWeightDtype g_weight_type = kernels::CpuWeightDtype::kF32;
+// How the worker stores the KV cache (--kv_dtype).
+kernels::CpuKvDtype g_kv_type = kernels::CpuKvDtype::kF32;
 
 // Repetition counts; --quick trades precision for a shorter run.
 struct Effort {
@@ -346,8 +349,9 @@ struct Sequence {
 // StepRequests like a scheduler's.
 class Worker {
  public:
-  Worker(const std::string& model_dir, int threads, int num_blocks, kernels::CpuWeightDtype weights)
-      : backend_(kernels::MakeCpuBackend(threads, weights)) {
+  Worker(const std::string& model_dir, int threads, int num_blocks, kernels::CpuWeightDtype weights,
+         kernels::CpuKvDtype kv)
+      : backend_(kernels::MakeCpuBackend(threads, weights, kv)) {
     const auto start = Clock::now();
     model_ = OrDie(model::LlamaModel::Load(model_dir, backend_.get()), "loading the model");
     load_seconds_ = SecondsSince(start);
@@ -600,7 +604,8 @@ double DecodeWeightBytes(const ModelConfig& c) {
 }
 
 double KvBytes(const ModelConfig& c, double context) {
-  return 2.0 * c.num_layers * context * c.num_kv_heads * c.head_dim * sizeof(float);
+  const double element_bytes = g_kv_type == kernels::CpuKvDtype::kBf16 ? 2 : 4;
+  return 2.0 * c.num_layers * context * c.num_kv_heads * c.head_dim * element_bytes;
 }
 
 // The 1-minute load average: other processes on the machine make every number noisy.
@@ -636,6 +641,10 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       } else {
         return false;
       }
+    } else if (arg == "--kv_dtype") {
+      const char* v = value();
+      o->kv = v == nullptr ? "" : v;
+      if (o->kv != "auto" && o->kv != "f32" && o->kv != "bf16") return false;
     } else if (arg == "--threads") {
       const char* v = value();
       if (v == nullptr || std::atoi(v) < 1) return false;
@@ -651,15 +660,22 @@ int Main(int argc, char** argv) {
   Options opt;
   if (!ParseArgs(argc, argv, &opt)) {
     std::fprintf(stderr,
-                 "usage: worker_bench --model DIR [--threads N] [--weight_dtype T] [--quick]\n"
+                 "usage: worker_bench --model DIR [--threads N] [--weight_dtype T] [--kv_dtype T]\n"
+                 "                    [--quick]\n"
                  "  --model DIR  checkpoint (e.g. the `small` test model)\n"
                  "  --threads N  worker, GEMM and OpenBLAS threads (default: all cores)\n"
                  "  --weight_dtype f32|bf16|int8  how the worker stores weights (f32)\n"
+                 "  --kv_dtype auto|f32|bf16  how it stores the KV cache (auto: bf16 with bf16\n"
+                 "               weights, else f32, as the worker's --cpu_kv_dtype=auto)\n"
                  "  --quick      fewer repetitions (noisier)\n");
     return 2;
   }
   if (opt.threads == 0) opt.threads = std::max(1u, std::thread::hardware_concurrency());
   g_weight_type = opt.weights;
+  g_kv_type =
+      opt.kv == "bf16" || (opt.kv == "auto" && opt.weights == kernels::CpuWeightDtype::kBf16)
+          ? kernels::CpuKvDtype::kBf16
+          : kernels::CpuKvDtype::kF32;
   const Effort e = opt.quick ? Effort{3, 2, 2, 8, false} : Effort{5, 3, 3, 32, true};
 
   const double load_before = LoadAverage();
@@ -667,7 +683,7 @@ int Main(int argc, char** argv) {
   Progress("loading the model");
   const int decode_blocks = kDecodeBatches[0] * ((DecodeCapacity(e) + kBlockSize - 1) / kBlockSize);
   Worker w(opt.model_dir, opt.threads, std::max(decode_blocks, 4 * kPrefillTokens / kBlockSize),
-           opt.weights);
+           opt.weights, g_kv_type);
   const ModelConfig& c = w.config();
   kernels::ThreadPool pool(opt.threads);
 
@@ -737,14 +753,14 @@ int Main(int argc, char** argv) {
   const double weight_bytes = DecodeWeightBytes(c);
   // Over a long k: bf16 pads k to pairs, so a k of 1 would count 4 bytes per weight.
   constexpr int kLongK = 4096;
-  const double bytes_per_weight =
-      static_cast<double>(
-          kernels::PackedGemmPanelBytes(g_weight_type, kernels::kGemmPanelWidth, kLongK)) /
-      (static_cast<double>(kernels::kGemmPanelWidth) * kLongK);
-  std::printf("  (at M=1 that is %.1f GB/s of weights for OpenBLAS, %.1f GB/s for GemmPacked;\n"
-              "   at M=8, %.1f and %.1f GB/s)\n",
-              blas_gflops[1] / 2.0 * sizeof(float), ours_gflops[1] / 2.0 * bytes_per_weight,
-              blas_gflops[8] / 16.0 * sizeof(float), ours_gflops[8] / 16.0 * bytes_per_weight);
+  const double bytes_per_weight = static_cast<double>(kernels::PackedGemmPanelBytes(
+                                      g_weight_type, kernels::kGemmPanelWidth, kLongK)) /
+                                  (static_cast<double>(kernels::kGemmPanelWidth) * kLongK);
+  std::printf(
+      "  (at M=1 that is %.1f GB/s of weights for OpenBLAS, %.1f GB/s for GemmPacked;\n"
+      "   at M=8, %.1f and %.1f GB/s)\n",
+      blas_gflops[1] / 2.0 * sizeof(float), ours_gflops[1] / 2.0 * bytes_per_weight,
+      blas_gflops[8] / 16.0 * sizeof(float), ours_gflops[8] / 16.0 * bytes_per_weight);
 
   std::printf("\nWorker, StepEngine::Step (prefill: best of %d; decode: median of %d steps)\n",
               e.prefill_reps, e.decode_steps);

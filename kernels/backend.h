@@ -78,6 +78,9 @@ class Backend {
   virtual std::string name() const = 0;
   // Bytes per activation element (4 for fp32 compute).
   virtual size_t activation_bytes() const = 0;
+  // Bytes per KV-cache element: the activations' dtype, unless the backend keeps the cache
+  // narrower (the CPU backend with bf16 K/V under float32 activations).
+  virtual size_t kv_element_bytes() const { return activation_bytes(); }
 
   // --- Memory -----------------------------------------------------------------------
   // Returns `bytes` of backend memory (64-byte aligned), or RESOURCE_EXHAUSTED.
@@ -172,8 +175,9 @@ inline absl::StatusOr<BackendBuffer> AllocateBuffer(Backend* backend, size_t byt
 
 // The CPU backend: our own fixed-reduction-order GEMM (AVX-512 where available),
 // multi-threaded over `num_threads` threads (0: one per core), with weights stored as
-// `weights`.
+// `weights` and the KV cache as `kv` (docs/cpu-attention.md).
 std::unique_ptr<Backend> MakeCpuBackend(int num_threads,
-                                        CpuWeightDtype weights = CpuWeightDtype::kF32);
+                                        CpuWeightDtype weights = CpuWeightDtype::kF32,
+                                        CpuKvDtype kv = CpuKvDtype::kF32);
 
 }  // namespace conveyor::kernels

@@ -1,6 +1,6 @@
-// How the CPU backend stores linear-layer weights (docs/cpu-weights.md):
-// the one enum the backend factory (backend.h), the packed GEMM (cpu/gemm.h) and the
-// benchmarks share.
+// How the CPU backend stores linear-layer weights (docs/cpu-weights.md) and its KV cache
+// (docs/cpu-attention.md): the enums the backend factory (backend.h), the packed GEMM
+// (cpu/gemm.h), the attention kernels and the benchmarks share.
 #pragma once
 
 namespace conveyor::kernels {
@@ -22,6 +22,16 @@ constexpr const char* CpuWeightDtypeName(CpuWeightDtype dtype) {
     default:
       return "f32";
   }
+}
+
+enum class CpuKvDtype {
+  kF32,
+  kBf16,  // Half the bytes: K and V rounded to bf16 when written; attention in float32.
+};
+
+// "f32" or "bf16".
+constexpr const char* CpuKvDtypeName(CpuKvDtype dtype) {
+  return dtype == CpuKvDtype::kBf16 ? "bf16" : "f32";
 }
 
 }  // namespace conveyor::kernels

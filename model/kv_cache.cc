@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(kernels::Backend* backe
   }
   std::unique_ptr<KvCache> cache(new KvCache(backend, block_size, num_blocks));
   const size_t slab_bytes = static_cast<size_t>(num_blocks) * block_size * num_kv_heads * head_dim *
-                            backend->activation_bytes();
+                            backend->kv_element_bytes();
   for (int i = 0; i < num_layers; ++i) {
     kernels::KvLayer layer;
     layer.block_size = block_size;

@@ -43,6 +43,18 @@ const char* ChoiceName(CpuWeightChoice choice) {
   }
 }
 
+const char* KvChoiceName(CpuKvChoice choice) {
+  switch (choice) {
+    case CpuKvChoice::kAuto:
+      return "auto";
+    case CpuKvChoice::kBf16:
+      return "bf16";
+    case CpuKvChoice::kF32:
+    default:
+      return "f32";
+  }
+}
+
 class CpuDevice final : public model::Device {
  public:
   explicit CpuDevice(const CpuDeviceOptions& options) : options_(options) {}
@@ -52,11 +64,12 @@ class CpuDevice final : public model::Device {
   absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const ModelConfig& model) override {
     const kernels::CpuWeightDtype dtype =
         ResolveCpuWeightDtype(options_.weights, model.torch_dtype);
+    const kernels::CpuKvDtype kv = ResolveCpuKvDtype(options_.kv, dtype);
     std::unique_ptr<kernels::Backend> backend =
-        kernels::MakeCpuBackend(options_.num_threads, dtype);
-    spdlog::info("CPU backend {} for a {} checkpoint (--cpu_weight_dtype={})", backend->name(),
-                 model.torch_dtype.empty() ? "float32" : model.torch_dtype,
-                 ChoiceName(options_.weights));
+        kernels::MakeCpuBackend(options_.num_threads, dtype, kv);
+    spdlog::info("CPU backend {} for a {} checkpoint (--cpu_weight_dtype={}, --cpu_kv_dtype={})",
+                 backend->name(), model.torch_dtype.empty() ? "float32" : model.torch_dtype,
+                 ChoiceName(options_.weights), KvChoiceName(options_.kv));
     return backend;
   }
 
@@ -102,6 +115,27 @@ absl::StatusOr<CpuWeightChoice> ParseCpuWeightChoice(std::string_view name) {
   if (name == "int8") return CpuWeightChoice::kInt8;
   return absl::InvalidArgumentError(absl::StrCat(
       "--cpu_weight_dtype must be auto, f32, bf16 or int8, got \"", std::string(name), "\""));
+}
+
+absl::StatusOr<CpuKvChoice> ParseCpuKvChoice(std::string_view name) {
+  if (name == "auto") return CpuKvChoice::kAuto;
+  if (name == "f32") return CpuKvChoice::kF32;
+  if (name == "bf16") return CpuKvChoice::kBf16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--cpu_kv_dtype must be auto, f32 or bf16, got \"", std::string(name), "\""));
+}
+
+kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtype weights) {
+  switch (choice) {
+    case CpuKvChoice::kBf16:
+      return kernels::CpuKvDtype::kBf16;
+    case CpuKvChoice::kF32:
+      return kernels::CpuKvDtype::kF32;
+    case CpuKvChoice::kAuto:
+    default:
+      return weights == kernels::CpuWeightDtype::kBf16 ? kernels::CpuKvDtype::kBf16
+                                                       : kernels::CpuKvDtype::kF32;
+  }
 }
 
 kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice,

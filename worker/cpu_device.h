@@ -27,9 +27,23 @@ absl::StatusOr<CpuWeightChoice> ParseCpuWeightChoice(std::string_view name);
 // The dtype `choice` means for a checkpoint declaring `torch_dtype` on this CPU.
 kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice, std::string_view torch_dtype);
 
+// --cpu_kv_dtype: how the KV cache is stored (docs/cpu-attention.md).
+enum class CpuKvChoice {
+  kAuto,  // bf16 where the weights are bf16 (the checkpoint's precision), else f32.
+  kF32,
+  kBf16,
+};
+
+// Parses "auto", "f32" or "bf16".
+absl::StatusOr<CpuKvChoice> ParseCpuKvChoice(std::string_view name);
+
+// The KV dtype `choice` means next to weights stored as `weights`.
+kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtype weights);
+
 struct CpuDeviceOptions {
   int num_threads = 0;  // Compute threads; 0: one per core.
   CpuWeightChoice weights = CpuWeightChoice::kF32;
+  CpuKvChoice kv = CpuKvChoice::kF32;
   // Address the other ranks reach this one at for collectives (the rendezvous store and
   // Gloo's TCP pairs).
   std::string collective_host = "127.0.0.1";

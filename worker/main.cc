@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, cpu_weight_dtype, "auto",
           "cpu: how linear-layer weights are stored: f32, bf16 (half the bytes), int8 "
           "(weight-only, per-channel scales: a quarter), or auto (bf16 for a bf16/f16 "
           "checkpoint where the kernels compute in bf16 (AVX512-BF16), else f32).");
+ABSL_FLAG(std::string, cpu_kv_dtype, "auto",
+          "cpu: how the KV cache is stored: f32, bf16 (half the bytes: twice the context per "
+          "GiB, and decode attention reads half), or auto (bf16 where the weights are bf16, "
+          "else f32).");
 ABSL_FLAG(std::string, collective_host, "",
           "Address the other tensor-parallel ranks reach this one at (cpu: Gloo's rendezvous "
           "store and TCP pairs). Empty: --host, or this machine's hostname when --host is "
@@ -125,6 +129,7 @@ absl::StatusOr<std::unique_ptr<conveyor::model::Device>> MakeDevice(const std::s
     cpu.num_threads = absl::GetFlag(FLAGS_threads);
     ASSIGN_OR_RETURN(cpu.weights,
                      conveyor::worker::ParseCpuWeightChoice(absl::GetFlag(FLAGS_cpu_weight_dtype)));
+    ASSIGN_OR_RETURN(cpu.kv, conveyor::worker::ParseCpuKvChoice(absl::GetFlag(FLAGS_cpu_kv_dtype)));
     cpu.collective_host = CollectiveHost();
     cpu.tls = TlsFilesFromFlags();
     return conveyor::worker::MakeCpuDevice(cpu);

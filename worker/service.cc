@@ -130,7 +130,7 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
                    device_->MakeSampler(backend.get(), c.vocab_size, engine_options.max_num_seqs));
   const size_t block_bytes =
       model::KvCache::BytesPerBlock(c.num_layers, model->local_num_kv_heads(), c.head_dim,
-                                    block_size, backend->activation_bytes());
+                                    block_size, backend->kv_element_bytes());
   uint64_t budget = request.kv_cache_bytes();
   if (budget == 0) {
     ASSIGN_OR_RETURN(budget, device_->DefaultKvBudgetBytes(backend.get()));

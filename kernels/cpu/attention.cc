@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/cpu_isa.h"
@@ -12,7 +13,15 @@
 namespace conveyor::kernels {
 namespace internal {
 
-void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile) {
+namespace {
+
+float Widen(float x) { return x; }
+float Widen(uint16_t bf16) { return std::bit_cast<float>(static_cast<uint32_t>(bf16) << 16); }
+
+template <typename T>
+void PortableTile(const AttentionArgs& args, const AttentionTile& tile) {
+  const T* k_cache = static_cast<const T*>(args.k_cache);
+  const T* v_cache = static_cast<const T*>(args.v_cache);
   const AttentionBatch& batch = *args.batch;
   const AttentionShape& shape = args.shape;
   const int d = shape.head_dim;
@@ -43,11 +52,13 @@ void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile)
     scores.resize(static_cast<size_t>(group) * context);
     // Each K row is read once for all query heads of the group.
     for_each_position(context, [&](int j, size_t base, int offset) {
-      const float* k = args.k_cache + base + offset;  // Coordinate c at k[c * block_size].
+      const T* k = k_cache + base + offset;  // Coordinate c at k[c * block_size].
       for (int g = 0; g < group; ++g) {
         const float* qg = q + static_cast<size_t>(g) * d;
         float dot = 0.0f;
-        for (int c = 0; c < d; ++c) dot += qg[c] * k[static_cast<size_t>(c) * batch.block_size];
+        for (int c = 0; c < d; ++c) {
+          dot += qg[c] * Widen(k[static_cast<size_t>(c) * batch.block_size]);
+        }
         scores[static_cast<size_t>(g) * context + j] = dot * shape.scale;
       }
     });
@@ -62,11 +73,11 @@ void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile)
     }
     acc.assign(static_cast<size_t>(group) * d, 0.0f);
     for_each_position(context, [&](int j, size_t base, int offset) {
-      const float* v = args.v_cache + base + static_cast<size_t>(offset) * d;
+      const T* v = v_cache + base + static_cast<size_t>(offset) * d;
       for (int g = 0; g < group; ++g) {
         const float p = scores[static_cast<size_t>(g) * context + j];
         float* ag = acc.data() + static_cast<size_t>(g) * d;
-        for (int c = 0; c < d; ++c) ag[c] += p * v[c];
+        for (int c = 0; c < d; ++c) ag[c] += p * Widen(v[c]);
       }
     });
     float* out = args.out + static_cast<size_t>(t) * shape.num_heads * d +
@@ -78,6 +89,13 @@ void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile)
       }
     }
   }
+}
+
+}  // namespace
+
+void AttentionTilePortable(const AttentionArgs& args, const AttentionTile& tile) {
+  if (args.kv_dtype == CpuKvDtype::kBf16) return PortableTile<uint16_t>(args, tile);
+  PortableTile<float>(args, tile);
 }
 
 void PagedAttentionWith(AttentionTileKernel kernel, const AttentionArgs& args, ThreadPool* pool) {
@@ -124,14 +142,16 @@ void PagedAttentionWith(AttentionTileKernel kernel, const AttentionArgs& args, T
 }  // namespace internal
 
 void PagedAttentionCpu(const float* q, int q_row_stride, const AttentionBatch& batch,
-                       const AttentionShape& shape, KvLayer layer, float* out, ThreadPool* pool) {
+                       const AttentionShape& shape, KvLayer layer, CpuKvDtype kv_dtype, float* out,
+                       ThreadPool* pool) {
   internal::AttentionArgs args;
   args.q = q;
   args.q_row_stride = q_row_stride;
   args.batch = &batch;
   args.shape = shape;
-  args.k_cache = static_cast<const float*>(layer.k);
-  args.v_cache = static_cast<const float*>(layer.v);
+  args.k_cache = layer.k;
+  args.v_cache = layer.v;
+  args.kv_dtype = kv_dtype;
   args.out = out;
   // The choice depends only on the CPU and the model, so every token of every batch
   // takes the same kernel; AVX-512 and AVX2 give the same bits.

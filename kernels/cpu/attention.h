@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/cpu_weight_dtype.h"
 
 namespace conveyor::kernels {
 
@@ -24,8 +25,10 @@ class ThreadPool;
 
 // out[t, h, :] for every token t and query head h, as Backend::PagedAttention specifies
 // (float32 q, cache and out). Runs on `pool` (null: the calling thread).
+// float32 q and out; the cache holds `kv_dtype` elements.
 void PagedAttentionCpu(const float* q, int q_row_stride, const AttentionBatch& batch,
-                       const AttentionShape& shape, KvLayer layer, float* out, ThreadPool* pool);
+                       const AttentionShape& shape, KvLayer layer, CpuKvDtype kv_dtype, float* out,
+                       ThreadPool* pool);
 
 namespace internal {
 
@@ -33,8 +36,8 @@ namespace internal {
 inline constexpr int kAttentionChunk = 16;
 
 // Where the CPU backend keeps a layer's K and V (each num_blocks * block_size slots of
-// num_kv_heads * head_dim floats). For each block and KV head, K is stored transposed and
-// V as rows:
+// num_kv_heads * head_dim elements: float32, or bf16 with --cpu_kv_dtype=bf16). For each block and
+// KV head, K is stored transposed and V as rows:
 //   K: [num_blocks][num_kv_heads][head_dim][block_size]  (coordinate c of every position)
 //   V: [num_blocks][num_kv_heads][block_size][head_dim]
 // A head's K and V of a block are each one contiguous run, and when block_size is a
@@ -45,11 +48,11 @@ struct CpuKvLayout {
   int head_dim = 0;
   int block_size = 0;
 
-  // First float of KV head h's part of block `block`, in K and in V alike.
+  // First element of KV head h's part of block `block`, in K and in V alike.
   size_t HeadBase(int32_t block, int h) const {
     return (static_cast<size_t>(block) * num_kv_heads + h) * head_dim * block_size;
   }
-  // Float index of coordinate c of KV head h at `slot`, in K and in V.
+  // Element index of coordinate c of KV head h at `slot`, in K and in V.
   size_t K(size_t slot, int h, int c) const {
     return HeadBase(static_cast<int32_t>(slot / block_size), h) +
            static_cast<size_t>(c) * block_size + slot % block_size;
@@ -65,8 +68,10 @@ struct AttentionArgs {
   int q_row_stride = 0;
   const AttentionBatch* batch = nullptr;
   AttentionShape shape;
-  const float* k_cache = nullptr;  // CpuKvLayout, block_size = batch->block_size.
-  const float* v_cache = nullptr;
+  // CpuKvLayout with block_size = batch->block_size; float or bf16 (uint16_t) elements.
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  CpuKvDtype kv_dtype = CpuKvDtype::kF32;
   float* out = nullptr;
 };
 

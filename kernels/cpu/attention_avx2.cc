@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_tile.h"
@@ -20,12 +21,19 @@ namespace {
 constexpr int kLanes = 8;
 static_assert(kAttentionChunk == 2 * kLanes, "a chunk's scores fill two registers");
 
+// 8 cache elements widened to float32 (bf16 exactly: its bits are a float's top half).
+__m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+__m256 Load8(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
 float ExpScalar(float x) { return _mm256_cvtss_f32(ExpAvx2(_mm256_set1_ps(x))); }
 
 // s[r][0..1] lanes j = q_r · K_j for R rows: two FMA chains over even and odd
 // coordinates, added at the end (as the AVX-512 kernel).
-template <int R>
-void ChunkScores(const TileState& st, int row0, __m256 s[][2]) {
+template <typename T, int R>
+void ChunkScores(const TileState<T>& st, int row0, __m256 s[][2]) {
   const float* const* q = st.q_rows + row0;
   __m256 even[R][2], odd[R][2];
 #pragma GCC unroll 4
@@ -33,16 +41,16 @@ void ChunkScores(const TileState& st, int row0, __m256 s[][2]) {
     even[r][0] = even[r][1] = odd[r][0] = odd[r][1] = _mm256_setzero_ps();
   }
   for (int i = 0; i < st.d; i += 2) {
-    const float* k0 = st.kt + static_cast<size_t>(i) * st.kt_stride;
-    const float* k1 = k0 + st.kt_stride;
-    const __m256 k0lo = _mm256_loadu_ps(k0), k0hi = _mm256_loadu_ps(k0 + kLanes);
+    const T* k0 = st.kt + static_cast<size_t>(i) * st.kt_stride;
+    const T* k1 = k0 + st.kt_stride;
+    const __m256 k0lo = Load8(k0), k0hi = Load8(k0 + kLanes);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(q[r] + i);
       even[r][0] = _mm256_fmadd_ps(a, k0lo, even[r][0]);
       even[r][1] = _mm256_fmadd_ps(a, k0hi, even[r][1]);
     }
-    const __m256 k1lo = _mm256_loadu_ps(k1), k1hi = _mm256_loadu_ps(k1 + kLanes);
+    const __m256 k1lo = Load8(k1), k1hi = Load8(k1 + kLanes);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(q[r] + i + 1);
@@ -58,8 +66,8 @@ void ChunkScores(const TileState& st, int row0, __m256 s[][2]) {
 }
 
 // acc_r = acc_r · alpha_r + Σ_{j<n} p_r[j] · V_j, j ascending, for R rows.
-template <int R>
-void ChunkPv(const TileState& st, int row0, int n) {
+template <typename T, int R>
+void ChunkPv(const TileState<T>& st, int row0, int n) {
   for (int c = 0; c < st.d; c += kLanes) {
     __m256 acc[R];
 #pragma GCC unroll 4
@@ -68,7 +76,7 @@ void ChunkPv(const TileState& st, int row0, int n) {
                              _mm256_set1_ps(st.alpha[row0 + r]));
     }
     for (int j = 0; j < n; ++j) {
-      const __m256 v = _mm256_loadu_ps(st.v_rows[j] + c);
+      const __m256 v = Load8(st.v_rows[j] + c);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(st.p + (row0 + r) * kAttentionChunk + j), v,
@@ -88,10 +96,10 @@ __m256 FirstLanes(int valid) {
 
 // Rows [row0, row0 + R) against the chunk at position `chunk_pos` holding n positions;
 // every row attends to at least its first position.
-template <int R>
-void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
+template <typename T, int R>
+void ProcessRows(const TileState<T>& st, int row0, int chunk_pos, int n) {
   __m256 s[R][2];
-  ChunkScores<R>(st, row0, s);
+  ChunkScores<T, R>(st, row0, s);
   int row_n[R];
   bool uniform = true;
   const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
@@ -126,11 +134,11 @@ void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
     st.alpha[row] = alpha;
   }
   if (uniform) {
-    ChunkPv<R>(st, row0, n);
+    ChunkPv<T, R>(st, row0, n);
   } else {
     // Causal diagonal: rows stop at different positions, so each runs alone (the same
     // FMA sequence as in a block), never adding 0·V for positions past its own.
-    for (int r = 0; r < R; ++r) ChunkPv<1>(st, row0 + r, row_n[r]);
+    for (int r = 0; r < R; ++r) ChunkPv<T, 1>(st, row0 + r, row_n[r]);
   }
 }
 
@@ -138,14 +146,15 @@ struct Avx2 {
   // 4 score accumulators per row: 3 rows take 12 of the 16 registers.
   static constexpr int kMaxBlockRows = 3;
 
-  static void ProcessRowBlock(const TileState& st, int row0, int rows, int chunk_pos, int n) {
+  template <typename T>
+  static void ProcessRowBlock(const TileState<T>& st, int row0, int rows, int chunk_pos, int n) {
     switch (rows) {
       case 1:
-        return ProcessRows<1>(st, row0, chunk_pos, n);
+        return ProcessRows<T, 1>(st, row0, chunk_pos, n);
       case 2:
-        return ProcessRows<2>(st, row0, chunk_pos, n);
+        return ProcessRows<T, 2>(st, row0, chunk_pos, n);
       case 3:
-        return ProcessRows<3>(st, row0, chunk_pos, n);
+        return ProcessRows<T, 3>(st, row0, chunk_pos, n);
       default:
         return;
     }
@@ -162,7 +171,8 @@ struct Avx2 {
 }  // namespace
 
 void AttentionTileAvx2(const AttentionArgs& args, const AttentionTile& tile) {
-  RunAttentionTile<Avx2>(args, tile);
+  if (args.kv_dtype == CpuKvDtype::kBf16) return RunAttentionTile<Avx2, uint16_t>(args, tile);
+  RunAttentionTile<Avx2, float>(args, tile);
 }
 
 }  // namespace conveyor::kernels::internal

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_tile.h"
@@ -23,14 +24,22 @@ namespace {
 constexpr int kLanes = 16;
 static_assert(kAttentionChunk == kLanes, "a chunk's scores fill one register");
 
+// 16 cache elements widened to float32 (bf16 exactly: its bits are a float's top half).
+__m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+__m512 Load16(const uint16_t* p) {
+  const __m512i wide =
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
 float ExpScalar(float x) {
   return _mm_cvtss_f32(_mm512_castps512_ps128(ExpAvx512(_mm512_set1_ps(x))));
 }
 
 // s[r] lane j = q_r · K_j for R rows: two FMA chains over even and odd coordinates
 // (for latency), added at the end.
-template <int R>
-void ChunkScores(const TileState& st, int row0, __m512* s) {
+template <typename T, int R>
+void ChunkScores(const TileState<T>& st, int row0, __m512* s) {
   const float* const* q = st.q_rows + row0;
   __m512 even[R], odd[R];
 #pragma GCC unroll 8
@@ -39,8 +48,8 @@ void ChunkScores(const TileState& st, int row0, __m512* s) {
     odd[r] = _mm512_setzero_ps();
   }
   for (int i = 0; i < st.d; i += 2) {
-    const __m512 k0 = _mm512_loadu_ps(st.kt + static_cast<size_t>(i) * st.kt_stride);
-    const __m512 k1 = _mm512_loadu_ps(st.kt + static_cast<size_t>(i + 1) * st.kt_stride);
+    const __m512 k0 = Load16(st.kt + static_cast<size_t>(i) * st.kt_stride);
+    const __m512 k1 = Load16(st.kt + static_cast<size_t>(i + 1) * st.kt_stride);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       even[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][i]), k0, even[r]);
@@ -52,8 +61,8 @@ void ChunkScores(const TileState& st, int row0, __m512* s) {
 }
 
 // acc_r = acc_r · alpha_r + Σ_{j<n} p_r[j] · V_j, j ascending, for R rows.
-template <int R>
-void ChunkPv(const TileState& st, int row0, int n) {
+template <typename T, int R>
+void ChunkPv(const TileState<T>& st, int row0, int n) {
   for (int c = 0; c < st.d; c += kLanes) {
     __m512 acc[R];
 #pragma GCC unroll 8
@@ -62,7 +71,7 @@ void ChunkPv(const TileState& st, int row0, int n) {
                              _mm512_set1_ps(st.alpha[row0 + r]));
     }
     for (int j = 0; j < n; ++j) {
-      const __m512 v = _mm512_loadu_ps(st.v_rows[j] + c);
+      const __m512 v = Load16(st.v_rows[j] + c);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(st.p[(row0 + r) * kLanes + j]), v, acc[r]);
@@ -75,10 +84,10 @@ void ChunkPv(const TileState& st, int row0, int n) {
 
 // Rows [row0, row0 + R) against the chunk at position `chunk_pos` holding n positions;
 // every row attends to at least its first position.
-template <int R>
-void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
+template <typename T, int R>
+void ProcessRows(const TileState<T>& st, int row0, int chunk_pos, int n) {
   __m512 s[R];
-  ChunkScores<R>(st, row0, s);
+  ChunkScores<T, R>(st, row0, s);
   int row_n[R];
   bool uniform = true;
   for (int r = 0; r < R; ++r) {
@@ -101,22 +110,23 @@ void ProcessRows(const TileState& st, int row0, int chunk_pos, int n) {
     st.alpha[row] = alpha;
   }
   if (uniform) {
-    ChunkPv<R>(st, row0, n);
+    ChunkPv<T, R>(st, row0, n);
   } else {
     // Causal diagonal: rows stop at different positions, so each runs alone (the same
     // FMA sequence as in a block), never adding 0·V for positions past its own.
-    for (int r = 0; r < R; ++r) ChunkPv<1>(st, row0 + r, row_n[r]);
+    for (int r = 0; r < R; ++r) ChunkPv<T, 1>(st, row0 + r, row_n[r]);
   }
 }
 
 struct Avx512 {
   static constexpr int kMaxBlockRows = 8;
 
-  static void ProcessRowBlock(const TileState& st, int row0, int rows, int chunk_pos, int n) {
+  template <typename T>
+  static void ProcessRowBlock(const TileState<T>& st, int row0, int rows, int chunk_pos, int n) {
     switch (rows) {
 #define CONVEYOR_ATTENTION_ROWS(R) \
   case R:                          \
-    return ProcessRows<R>(st, row0, chunk_pos, n);
+    return ProcessRows<T, R>(st, row0, chunk_pos, n);
       CONVEYOR_ATTENTION_ROWS(1)
       CONVEYOR_ATTENTION_ROWS(2)
       CONVEYOR_ATTENTION_ROWS(3)
@@ -142,7 +152,8 @@ struct Avx512 {
 }  // namespace
 
 void AttentionTileAvx512(const AttentionArgs& args, const AttentionTile& tile) {
-  RunAttentionTile<Avx512>(args, tile);
+  if (args.kv_dtype == CpuKvDtype::kBf16) return RunAttentionTile<Avx512, uint16_t>(args, tile);
+  RunAttentionTile<Avx512, float>(args, tile);
 }
 
 }  // namespace conveyor::kernels::internal

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/gemm_kernels.h"  // ToBf16, FromBf16
 #include "kernels/cpu/thread_pool.h"
 
 namespace conveyor::kernels {
@@ -31,11 +32,13 @@ struct Param {
   int group;  // Query heads per KV head.
   int head_dim;
   int block_size;
+  CpuKvDtype kv = CpuKvDtype::kF32;
 };
 
 std::string ToString(const Param& p) {
   return std::string(CpuIsaName(p.isa)) + "_Group" + std::to_string(p.group) + "_Dim" +
-         std::to_string(p.head_dim) + "_Block" + std::to_string(p.block_size);
+         std::to_string(p.head_dim) + "_Block" + std::to_string(p.block_size) +
+         (p.kv == CpuKvDtype::kBf16 ? "_Bf16Kv" : "");
 }
 std::string Name(const testing::TestParamInfo<Param>& info) { return ToString(info.param); }
 void PrintTo(const Param& p, std::ostream* os) { *os << ToString(p); }
@@ -48,7 +51,8 @@ struct Token {
 
 // Sequences in a paged cache whose blocks are scattered in shuffled order. Slots no
 // sequence has written hold NaN, so a kernel that reads past a token's context (or
-// multiplies unwritten V by a zero weight) produces NaN.
+// multiplies unwritten V by a zero weight) produces NaN. With a bf16 cache the values are
+// rounded to bf16 first, and the reference uses the rounded values.
 class PagedFixture {
  public:
   // `lengths[s]`: positions of sequence s whose K/V are written.
@@ -85,6 +89,15 @@ class PagedFixture {
         }
       }
     }
+    if (p.kv == CpuKvDtype::kBf16) {
+      for (std::vector<float>* cache : {&k_, &v_}) {
+        std::vector<uint16_t>& bits = cache == &k_ ? k_bf16_ : v_bf16_;
+        for (float& x : *cache) {
+          bits.push_back(internal::ToBf16(x));
+          x = internal::FromBf16(bits.back());
+        }
+      }
+    }
   }
 
   // Random queries for `tokens`, in rows of a wider (qkv-like) buffer, scaled per token
@@ -115,8 +128,8 @@ class PagedFixture {
   std::vector<float> RunBackend(Backend* backend) const {
     return Compute(0, num_tokens(), [&](const internal::AttentionArgs& args) {
       backend->PagedAttention(args.q, args.q_row_stride, *args.batch, args.shape,
-                              KvLayer{const_cast<float*>(args.k_cache),
-                                      const_cast<float*>(args.v_cache), param_.block_size},
+                              KvLayer{const_cast<void*>(args.k_cache),
+                                      const_cast<void*>(args.v_cache), param_.block_size},
                               args.out);
     });
   }
@@ -177,8 +190,10 @@ class PagedFixture {
     args.q_row_stride = q_stride_;
     args.batch = &batch;
     args.shape = shape_;
-    args.k_cache = k_.data();
-    args.v_cache = v_.data();
+    const bool bf16 = param_.kv == CpuKvDtype::kBf16;
+    args.k_cache = bf16 ? static_cast<const void*>(k_bf16_.data()) : k_.data();
+    args.v_cache = bf16 ? static_cast<const void*>(v_bf16_.data()) : v_.data();
+    args.kv_dtype = param_.kv;
     std::vector<float> out(static_cast<size_t>(count) * RowFloats(), NAN);
     args.out = out.data();
     fn(args);
@@ -201,6 +216,7 @@ class PagedFixture {
   int max_blocks_ = 0;
   std::vector<int32_t> tables_;
   std::vector<float> k_, v_, q_;
+  std::vector<uint16_t> k_bf16_, v_bf16_;  // The bf16 cache (bf16 kv); k_, v_ its values.
   std::vector<Token> tokens_;
   int q_stride_ = 0;
 };
@@ -289,9 +305,14 @@ std::vector<Param> Params() {
     // Blocks that do not line up with the kernel's 16-position chunks.
     params.push_back({isa, 3, 64, 5});
     params.push_back({isa, 2, 64, 48});
+    // A bf16 cache: chunks in place, gathered, and at a stride of 48.
+    params.push_back({isa, 2, 64, 16, CpuKvDtype::kBf16});
+    params.push_back({isa, 3, 64, 5, CpuKvDtype::kBf16});
+    params.push_back({isa, 4, 128, 48, CpuKvDtype::kBf16});
   }
   // A head_dim the vector kernels do not take (PagedAttentionCpu falls back).
   params.push_back({CpuIsa::kPortable, 2, 40, 16});
+  params.push_back({CpuIsa::kPortable, 2, 40, 16, CpuKvDtype::kBf16});
   return params;
 }
 
@@ -301,29 +322,46 @@ INSTANTIATE_TEST_SUITE_P(Kernels, AttentionTest, testing::ValuesIn(Params()), Na
 // on a Zen 5): a model's activations do not depend on which of the two a CPU has.
 TEST(AttentionKernelsTest, Avx2AndAvx512GiveTheSameBits) {
   if (DetectedCpuIsa() < CpuIsa::kAvx512) GTEST_SKIP() << "CPU has no AVX-512";
-  for (int group : {1, 3, 4}) {
-    for (int block : {5, 16}) {
-      PagedFixture a({CpuIsa::kAvx2, group, 64, block}, kMixedLengths, 6);
-      PagedFixture b({CpuIsa::kAvx512, group, 64, block}, kMixedLengths, 6);
-      a.SetTokens(MixedStep());
-      b.SetTokens(MixedStep());
-      const std::vector<float> out_a = a.Run(0, a.num_tokens(), nullptr);
-      const std::vector<float> out_b = b.Run(0, b.num_tokens(), nullptr);
-      ASSERT_EQ(out_a.size(), out_b.size());
-      EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)), 0)
-          << "group " << group << ", block " << block;
+  for (CpuKvDtype kv : {CpuKvDtype::kF32, CpuKvDtype::kBf16}) {
+    for (int group : {1, 3, 4}) {
+      for (int block : {5, 16}) {
+        PagedFixture a({CpuIsa::kAvx2, group, 64, block, kv}, kMixedLengths, 6);
+        PagedFixture b({CpuIsa::kAvx512, group, 64, block, kv}, kMixedLengths, 6);
+        a.SetTokens(MixedStep());
+        b.SetTokens(MixedStep());
+        const std::vector<float> out_a = a.Run(0, a.num_tokens(), nullptr);
+        const std::vector<float> out_b = b.Run(0, b.num_tokens(), nullptr);
+        ASSERT_EQ(out_a.size(), out_b.size());
+        EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)), 0)
+            << "group " << group << ", block " << block << ", " << CpuKvDtypeName(kv) << " KV";
+      }
     }
   }
 }
 
 // WriteKv puts each token's K and V where CpuKvLayout says (which is where the kernels
-// read them) and nowhere else, for block sizes that are and are not multiples of 16.
-TEST(CpuBackendAttentionTest, WriteKvFollowsTheLayout) {
+// read them) and nowhere else, for block sizes that are and are not multiples of 16; a
+// bf16 cache holds each value rounded to nearest even. T: the cache's element.
+template <typename T>
+void ExpectWriteKvFollowsTheLayout(CpuKvDtype kv) {
   constexpr int kKvHeads = 3, kHeadDim = 32, kHeads = 6, kBlocks = 7;
   const int stride = (kHeads + 2 * kKvHeads) * kHeadDim;
+  // All-ones bits: NaN as float32 and as bf16, which no written value is.
+  T unwritten;
+  std::memset(&unwritten, 0xff, sizeof(T));
+  const auto stored = [kv](float x) {
+    T bits;
+    if (kv == CpuKvDtype::kBf16) {
+      const uint16_t b = internal::ToBf16(x);
+      std::memcpy(&bits, &b, sizeof(T));
+    } else {
+      std::memcpy(&bits, &x, sizeof(T));
+    }
+    return bits;
+  };
   for (int block_size : {16, 5, 48}) {
     const int num_slots = kBlocks * block_size;
-    const size_t cache_floats = static_cast<size_t>(num_slots) * kKvHeads * kHeadDim;
+    const size_t cache_elems = static_cast<size_t>(num_slots) * kKvHeads * kHeadDim;
     std::vector<int32_t> slots(num_slots);
     std::iota(slots.begin(), slots.end(), 0);
     std::mt19937 rng(block_size);
@@ -333,45 +371,56 @@ TEST(CpuBackendAttentionTest, WriteKvFollowsTheLayout) {
     std::vector<float> qkv(static_cast<size_t>(n) * stride);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     for (float& x : qkv) x = dist(rng);
-    std::vector<float> k_cache(cache_floats, NAN), v_cache(cache_floats, NAN);
+    std::vector<T> k_cache(cache_elems, unwritten), v_cache(cache_elems, unwritten);
     AttentionShape shape;
     shape.num_heads = kHeads;
     shape.num_kv_heads = kKvHeads;
     shape.head_dim = kHeadDim;
-    std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+    std::unique_ptr<Backend> backend = MakeCpuBackend(2, CpuWeightDtype::kF32, kv);
+    ASSERT_EQ(backend->kv_element_bytes(), sizeof(T));
     const float* k = qkv.data() + kHeads * kHeadDim;
     backend->WriteKv(k, k + kKvHeads * kHeadDim, n, stride, slots.data(), shape,
                      {k_cache.data(), v_cache.data(), block_size});
     const internal::CpuKvLayout layout{kKvHeads, kHeadDim, block_size};
+    const auto same = [](T a, T b) { return std::memcmp(&a, &b, sizeof(T)) == 0; };
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < kKvHeads; ++h) {
         for (int c = 0; c < kHeadDim; ++c) {
           const size_t at = static_cast<size_t>(t) * stride + (kHeads + h) * kHeadDim + c;
-          ASSERT_EQ(k_cache[layout.K(slots[t], h, c)], qkv[at]) << "block_size " << block_size;
-          ASSERT_EQ(v_cache[layout.V(slots[t], h, c)], qkv[at + kKvHeads * kHeadDim])
+          ASSERT_TRUE(same(k_cache[layout.K(slots[t], h, c)], stored(qkv[at])))
+              << "block_size " << block_size;
+          ASSERT_TRUE(
+              same(v_cache[layout.V(slots[t], h, c)], stored(qkv[at + kKvHeads * kHeadDim])))
               << "block_size " << block_size;
         }
       }
     }
-    const auto written = [](const std::vector<float>& cache) {
-      return std::count_if(cache.begin(), cache.end(), [](float x) { return !std::isnan(x); });
+    const auto written = [&](const std::vector<T>& cache) {
+      return std::count_if(cache.begin(), cache.end(), [&](T x) { return !same(x, unwritten); });
     };
     EXPECT_EQ(written(k_cache), n * kKvHeads * kHeadDim) << "block_size " << block_size;
     EXPECT_EQ(written(v_cache), n * kKvHeads * kHeadDim) << "block_size " << block_size;
   }
 }
 
+TEST(CpuBackendAttentionTest, WriteKvFollowsTheLayout) {
+  ExpectWriteKvFollowsTheLayout<float>(CpuKvDtype::kF32);
+  ExpectWriteKvFollowsTheLayout<uint16_t>(CpuKvDtype::kBf16);
+}
+
 // The backend picks ActiveCpuIsa()'s kernel, for any thread count.
 TEST(CpuBackendAttentionTest, MatchesItsKernelForAnyThreadCount) {
-  const Param param{ActiveCpuIsa(), 3, 64, 16};
-  PagedFixture f(param, kMixedLengths, 4);
-  f.SetTokens(MixedStep());
-  const std::vector<float> expected = f.Run(0, f.num_tokens(), nullptr);
-  for (int threads : {1, 2, 3}) {
-    std::unique_ptr<Backend> backend = MakeCpuBackend(threads);
-    const std::vector<float> out = f.RunBackend(backend.get());
-    EXPECT_EQ(0, std::memcmp(expected.data(), out.data(), out.size() * sizeof(float)))
-        << threads << " threads";
+  for (CpuKvDtype kv : {CpuKvDtype::kF32, CpuKvDtype::kBf16}) {
+    const Param param{ActiveCpuIsa(), 3, 64, 16, kv};
+    PagedFixture f(param, kMixedLengths, 4);
+    f.SetTokens(MixedStep());
+    const std::vector<float> expected = f.Run(0, f.num_tokens(), nullptr);
+    for (int threads : {1, 2, 3}) {
+      std::unique_ptr<Backend> backend = MakeCpuBackend(threads, CpuWeightDtype::kF32, kv);
+      const std::vector<float> out = f.RunBackend(backend.get());
+      EXPECT_EQ(0, std::memcmp(expected.data(), out.data(), out.size() * sizeof(float)))
+          << threads << " threads, " << CpuKvDtypeName(kv) << " KV";
+    }
   }
 }
 

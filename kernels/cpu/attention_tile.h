@@ -32,18 +32,19 @@ namespace {
 
 constexpr int kChunk = kAttentionChunk;
 
-// 64-byte aligned float storage that only grows; one per thread, reused across tiles.
-class FloatBuffer {
+// 64-byte aligned storage of T that only grows; one per thread, reused across tiles.
+template <typename T>
+class AlignedBuffer {
  public:
-  FloatBuffer() = default;
-  FloatBuffer(const FloatBuffer&) = delete;
-  FloatBuffer& operator=(const FloatBuffer&) = delete;
-  ~FloatBuffer() { std::free(data_); }
+  AlignedBuffer() = default;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { std::free(data_); }
 
-  float* Get(size_t count) {
+  T* Get(size_t count) {
     if (count > capacity_) {
       std::free(data_);
-      data_ = static_cast<float*>(std::aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64));
+      data_ = static_cast<T*>(std::aligned_alloc(64, (count * sizeof(T) + 63) / 64 * 64));
       if (data_ == nullptr) std::abort();
       capacity_ = count;
     }
@@ -51,19 +52,21 @@ class FloatBuffer {
   }
 
  private:
-  float* data_ = nullptr;
+  T* data_ = nullptr;
   size_t capacity_ = 0;
 };
 
-// One tile's state while it walks its sequence's chunks.
+// One tile's state while it walks its sequence's chunks. T: the cache's element, float
+// or bf16 bits (uint16_t), widened to float32 exactly as it is loaded.
+template <typename T>
 struct TileState {
   int d = 0;          // head_dim.
   int group = 0;      // Query heads per KV head.
   int first_pos = 0;  // Position of the tile's first token.
   float scale = 1.0f;
-  const float* kt = nullptr;  // [d][16] at kt_stride floats per coordinate: the chunk's K.
+  const T* kt = nullptr;  // [d][16] at kt_stride elements per coordinate: the chunk's K.
   int kt_stride = 0;
-  const float* const* v_rows = nullptr;  // [16]: the chunk's V rows (this KV head).
+  const T* const* v_rows = nullptr;      // [16]: the chunk's V rows (this KV head).
   const float* const* q_rows = nullptr;  // [rows]
   float* const* acc_rows = nullptr;      // [rows] -> [d]: unnormalized outputs.
   // [rows][16]: the chunk's softmax weights.
@@ -96,7 +99,7 @@ float SumLanes16(const float* l) {
 //   ProcessRowBlock(st, row0, rows, chunk_pos, n): scores, softmax update and P·V of
 //     rows [row0, row0 + rows) against the chunk;
 //   Normalize(acc, inv, d, out): out[c] = acc[c] · inv.
-template <typename Isa>
+template <typename Isa, typename T>
 void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
   const AttentionBatch& batch = *args.batch;
   const AttentionShape& shape = args.shape;
@@ -113,15 +116,16 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
       batch.block_tables +
       static_cast<size_t>(batch.token_seq[tile.first_token]) * batch.max_blocks_per_seq;
 
-  thread_local FloatBuffer kt_buf, acc_buf, p_buf, l_buf, m_buf, alpha_buf;
+  thread_local AlignedBuffer<T> kt_buf;
+  thread_local AlignedBuffer<float> acc_buf, p_buf, l_buf, m_buf, alpha_buf;
   thread_local std::vector<const float*> q_rows;
   thread_local std::vector<float*> acc_rows;
-  TileState st;
+  TileState<T> st;
   st.d = d;
   st.group = group;
   st.first_pos = first_pos;
   st.scale = shape.scale;
-  float* kt_gathered = direct ? nullptr : kt_buf.Get(static_cast<size_t>(d) * kChunk);
+  T* kt_gathered = direct ? nullptr : kt_buf.Get(static_cast<size_t>(d) * kChunk);
   float* acc = acc_buf.Get(static_cast<size_t>(rows) * d);
   st.p = p_buf.Get(static_cast<size_t>(rows) * kChunk);
   st.l = l_buf.Get(static_cast<size_t>(rows) * kChunk);
@@ -144,21 +148,25 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
   // Where the current and the next chunk are (the next one is prefetched while the
   // current one computes: decode reads K/V from beyond L2). Per position: its V row, and
   // the start of its K column (coordinate c at + c * block_size).
-  const float* k_cols[2][kChunk];
-  const float* v_rows[2][kChunk];
+  const T* k_cache = static_cast<const T*>(args.k_cache);
+  const T* v_cache = static_cast<const T*>(args.v_cache);
+  const T* k_cols[2][kChunk];
+  const T* v_rows[2][kChunk];
   auto locate = [&](int chunk_pos, int buf) {
     const int n = std::min(kChunk, last_pos - chunk_pos + 1);
     int block = chunk_pos / block_size, offset = chunk_pos % block_size;
     for (int j = 0; j < n; ++j) {
       const size_t base = layout.HeadBase(table[block], tile.kv_head);
-      k_cols[buf][j] = args.k_cache + base + offset;
-      v_rows[buf][j] = args.v_cache + base + static_cast<size_t>(offset) * d;
+      k_cols[buf][j] = k_cache + base + offset;
+      v_rows[buf][j] = v_cache + base + static_cast<size_t>(offset) * d;
       if (++offset == block_size) {
         offset = 0;
         ++block;
       }
     }
   };
+  constexpr int kPerLine = 64 / sizeof(T);
+  const int coords_per_line = std::max(1, kPerLine / block_size);
   locate(0, 0);
   for (int chunk_pos = 0, cur = 0; chunk_pos <= last_pos; chunk_pos += kChunk, cur ^= 1) {
     const int n = std::min(kChunk, last_pos - chunk_pos + 1);
@@ -167,13 +175,14 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
       locate(next_pos, cur ^ 1);
       const int next_n = std::min(kChunk, last_pos - next_pos + 1);
       if (direct) {
-        for (int c = 0; c < d; ++c) {
+        // Each coordinate's 16 positions: one line, or with bf16 and blocks of 16, half.
+        for (int c = 0; c < d; c += coords_per_line) {
           _mm_prefetch(reinterpret_cast<const char*>(k_cols[cur ^ 1][0] + c * block_size),
                        _MM_HINT_T0);
         }
       }
       for (int j = 0; j < next_n; ++j) {
-        for (int c = 0; c < d; c += 16) {
+        for (int c = 0; c < d; c += kPerLine) {
           _mm_prefetch(reinterpret_cast<const char*>(v_rows[cur ^ 1][j] + c), _MM_HINT_T0);
         }
       }

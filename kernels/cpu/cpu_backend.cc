@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_kernels.h"  // ToBf16
 #include "kernels/cpu/row_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -74,13 +75,18 @@ float* AlignedFloats(size_t count) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, CpuWeightDtype weights) : weight_type_(weights), pool_(num_threads) {}
+  CpuBackend(int num_threads, CpuWeightDtype weights, CpuKvDtype kv)
+      : weight_type_(weights), kv_type_(kv), pool_(num_threads) {}
 
   std::string name() const override {
     return absl::StrCat("cpu(", GemmKernelName(), ", ", CpuWeightDtypeName(weight_type_),
-                        " weights, ", pool_.num_threads(), " threads)");
+                        " weights, ", CpuKvDtypeName(kv_type_), " KV, ", pool_.num_threads(),
+                        " threads)");
   }
   size_t activation_bytes() const override { return sizeof(float); }
+  size_t kv_element_bytes() const override {
+    return kv_type_ == CpuKvDtype::kBf16 ? sizeof(uint16_t) : sizeof(float);
+  }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     void* p = AlignedBytes(bytes);
@@ -189,30 +195,16 @@ class CpuBackend final : public Backend {
 
   void WriteKv(const void* k, const void* v, int n, int row_stride, const int32_t* slot_mapping,
                const AttentionShape& shape, KvLayer layer) override {
-    const internal::CpuKvLayout layout{shape.num_kv_heads, shape.head_dim, layer.block_size};
-    const int d = shape.head_dim;
-    float* k_cache = static_cast<float*>(layer.k);
-    float* v_cache = static_cast<float*>(layer.v);
-    const int64_t grain = RowGrain(2 * static_cast<int64_t>(shape.num_kv_heads) * d);
-    pool_.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const size_t slot = static_cast<size_t>(slot_mapping[t]);
-        const float* k_row = static_cast<const float*>(k) + t * row_stride;
-        const float* v_row = static_cast<const float*>(v) + t * row_stride;
-        for (int h = 0; h < shape.num_kv_heads; ++h) {
-          // K goes into its slot's column of the block (transposed), V into its row.
-          float* k_col = k_cache + layout.K(slot, h, 0);
-          for (int c = 0; c < d; ++c)
-            k_col[static_cast<size_t>(c) * layer.block_size] = k_row[h * d + c];
-          std::memcpy(v_cache + layout.V(slot, h, 0), v_row + h * d, d * sizeof(float));
-        }
-      }
-    });
+    if (kv_type_ == CpuKvDtype::kBf16) {
+      WriteKvAs<uint16_t>(k, v, n, row_stride, slot_mapping, shape, layer);
+    } else {
+      WriteKvAs<float>(k, v, n, row_stride, slot_mapping, shape, layer);
+    }
   }
 
   void PagedAttention(const void* q, int q_row_stride, const AttentionBatch& batch,
                       const AttentionShape& shape, KvLayer layer, void* out) override {
-    PagedAttentionCpu(static_cast<const float*>(q), q_row_stride, batch, shape, layer,
+    PagedAttentionCpu(static_cast<const float*>(q), q_row_stride, batch, shape, layer, kv_type_,
                       static_cast<float*>(out), &pool_);
   }
 
@@ -233,6 +225,36 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  static float Narrow(float x, float*) { return x; }
+  static uint16_t Narrow(float x, uint16_t*) { return internal::ToBf16(x); }
+
+  // K goes into its slot's column of the block (transposed), V into its row
+  // (CpuKvLayout); as bf16, each value rounded to nearest even.
+  template <typename T>
+  void WriteKvAs(const void* k, const void* v, int n, int row_stride, const int32_t* slot_mapping,
+                 const AttentionShape& shape, KvLayer layer) {
+    const internal::CpuKvLayout layout{shape.num_kv_heads, shape.head_dim, layer.block_size};
+    const int d = shape.head_dim;
+    T* k_cache = static_cast<T*>(layer.k);
+    T* v_cache = static_cast<T*>(layer.v);
+    const int64_t grain = RowGrain(2 * static_cast<int64_t>(shape.num_kv_heads) * d);
+    pool_.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const size_t slot = static_cast<size_t>(slot_mapping[t]);
+        const float* k_row = static_cast<const float*>(k) + t * row_stride;
+        const float* v_row = static_cast<const float*>(v) + t * row_stride;
+        for (int h = 0; h < shape.num_kv_heads; ++h) {
+          T* k_col = k_cache + layout.K(slot, h, 0);
+          T* v_dst = v_cache + layout.V(slot, h, 0);
+          for (int c = 0; c < d; ++c) {
+            k_col[static_cast<size_t>(c) * layer.block_size] = Narrow(k_row[h * d + c], k_col);
+            v_dst[c] = Narrow(v_row[h * d + c], v_dst);
+          }
+        }
+      }
+    });
+  }
+
   // out[i, :] = src[rows[i], :] for i < n, rows of `width` floats.
   void CopyRows(const float* src, int width, const int32_t* rows, int n, float* out) {
     pool_.ParallelFor(n, RowGrain(width), [&](int64_t begin, int64_t end) {
@@ -245,13 +267,14 @@ class CpuBackend final : public Backend {
 
   const internal::RowKernels& row_kernels_ = internal::RowKernelsForCpu();
   const CpuWeightDtype weight_type_;
+  const CpuKvDtype kv_type_;
   ThreadPool pool_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(int num_threads, CpuWeightDtype weights) {
-  return std::make_unique<CpuBackend>(num_threads, weights);
+std::unique_ptr<Backend> MakeCpuBackend(int num_threads, CpuWeightDtype weights, CpuKvDtype kv) {
+  return std::make_unique<CpuBackend>(num_threads, weights, kv);
 }
 
 }  // namespace conveyor::kernels

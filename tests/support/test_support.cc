@@ -47,9 +47,10 @@ Reference LoadReference(const std::string& variant) {
 
 std::unique_ptr<LocalWorker> LocalWorker::Create(const std::string& model_dir, int num_threads,
                                                  int num_blocks, int block_size,
-                                                 kernels::CpuWeightDtype weights) {
+                                                 kernels::CpuWeightDtype weights,
+                                                 kernels::CpuKvDtype kv) {
   auto w = std::make_unique<LocalWorker>();
-  w->backend = kernels::MakeCpuBackend(num_threads, weights);
+  w->backend = kernels::MakeCpuBackend(num_threads, weights, kv);
   auto model = model::LlamaModel::Load(model_dir, w->backend.get());
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;

@@ -41,7 +41,8 @@ struct LocalWorker {
   // Aborts the test (ASSERT) on failure.
   static std::unique_ptr<LocalWorker> Create(
       const std::string& model_dir, int num_threads, int num_blocks, int block_size,
-      kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32);
+      kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32,
+      kernels::CpuKvDtype kv = kernels::CpuKvDtype::kF32);
 };
 
 // ‖a − b‖ / ‖b‖.

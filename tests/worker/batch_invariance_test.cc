@@ -62,8 +62,16 @@ void Record(const LogitsRecorder& recorder, const worker::v1::StepResponse& resp
 }
 
 // Each request alone, prompt in one step, one thread.
-Trace RunAlone(const Request& request, kernels::CpuWeightDtype weights) {
-  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, kNumBlocks, kBlockSize, weights);
+// The backend's storage: weights and KV cache.
+struct Storage {
+  kernels::CpuWeightDtype weights;
+  kernels::CpuKvDtype kv;
+  const char* name;
+};
+
+Trace RunAlone(const Request& request, const Storage& storage) {
+  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, kNumBlocks, kBlockSize,
+                               storage.weights, storage.kv);
   std::map<uint64_t, Trace> traces;
   worker::v1::StepRequest step;
   auto* seq = step.add_new_sequences();
@@ -88,8 +96,9 @@ Trace RunAlone(const Request& request, kernels::CpuWeightDtype weights) {
 // All requests through one engine: request i arrives at step 2*i, prompts go in chunks
 // of 1–7 tokens, blocks come from a shuffled free list as they are needed.
 std::map<uint64_t, Trace> RunMixed(const std::vector<Request>& requests, uint32_t seed,
-                                   kernels::CpuWeightDtype weights) {
-  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, kNumBlocks, kBlockSize, weights);
+                                   const Storage& storage) {
+  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, kNumBlocks, kBlockSize,
+                               storage.weights, storage.kv);
   std::mt19937 rng(seed);
   std::vector<int32_t> free_blocks(kNumBlocks);
   for (int i = 0; i < kNumBlocks; ++i) free_blocks[i] = i;
@@ -152,10 +161,11 @@ std::map<uint64_t, Trace> RunMixed(const std::vector<Request>& requests, uint32_
   return traces;
 }
 
-class BatchInvarianceTest : public ::testing::TestWithParam<kernels::CpuWeightDtype> {};
+class BatchInvarianceTest : public ::testing::TestWithParam<Storage> {};
 
 TEST_P(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
-  const auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, 1, kBlockSize, GetParam());
+  const auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, 1, kBlockSize,
+                                     GetParam().weights, GetParam().kv);
   ASSERT_NE(w, nullptr);
   const std::vector<Request> requests = MakeRequests(w->model->config().vocab_size);
   std::vector<Trace> alone;
@@ -179,20 +189,14 @@ TEST_P(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WeightDtypes, BatchInvarianceTest,
-                         ::testing::Values(kernels::CpuWeightDtype::kF32,
-                                           kernels::CpuWeightDtype::kBf16,
-                                           kernels::CpuWeightDtype::kInt8),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case kernels::CpuWeightDtype::kBf16:
-                               return "bf16";
-                             case kernels::CpuWeightDtype::kInt8:
-                               return "int8";
-                             default:
-                               return "f32";
-                           }
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Storage, BatchInvarianceTest,
+    ::testing::Values(Storage{kernels::CpuWeightDtype::kF32, kernels::CpuKvDtype::kF32, "f32"},
+                      Storage{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kF32, "bf16"},
+                      Storage{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kF32, "int8"},
+                      Storage{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16,
+                              "bf16_kv_bf16"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace conveyor::testing

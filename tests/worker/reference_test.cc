@@ -100,14 +100,16 @@ TEST_P(ReferenceTest, GreedyTokensMatch) {
   }
 }
 
-// bf16 and int8 weights against the same float64 reference (of the checkpoint as
-// stored): their logits move by the rounding (bf16: of weights and of the activations
-// each GEMM reads; int8: of weights), so the bounds are per dtype, set from measurement
+// bf16 and int8 weights (and bf16 weights with a bf16 KV cache) against the same float64
+// reference (of the checkpoint as stored): their logits move by the rounding (bf16: of
+// weights and of the activations each GEMM reads, and of K and V; int8: of weights), so
+// the bounds are per dtype, set from measurement
 // with some margin (docs/cpu-weights.md has the figures; every instruction path gives the
 // same bits): relative logit error, and how many of the 32 greedy tokens per prompt agree
 // before the first divergence.
 struct DtypeBounds {
   kernels::CpuWeightDtype dtype;
+  kernels::CpuKvDtype kv;
   const char* name;
   double max_logit_error;
   double min_agreement;  // Of all prompts' greedy tokens, up to each one's first miss.
@@ -118,7 +120,8 @@ class ReducedPrecisionTest : public ::testing::TestWithParam<std::tuple<std::str
 
 TEST_P(ReducedPrecisionTest, LogitErrorAndGreedyAgreementWithinTheDtypesBounds) {
   const auto& [variant, bounds] = GetParam();
-  auto w = LocalWorker::Create(TestModelDir(variant), 2, kNumBlocks, kBlockSize, bounds.dtype);
+  auto w = LocalWorker::Create(TestModelDir(variant), 2, kNumBlocks, kBlockSize, bounds.dtype,
+                               bounds.kv);
   ASSERT_NE(w, nullptr);
   const Reference ref = LoadReference(variant);
   const double max_err = MaxLogitError(*w, ref);
@@ -131,7 +134,7 @@ TEST_P(ReducedPrecisionTest, LogitErrorAndGreedyAgreementWithinTheDtypesBounds) 
     total += ref.greedy[p].size();
   }
   const double agreement = total == 0 ? 0 : static_cast<double>(agreed) / total;
-  std::printf("%s %s weights: max relative logit error %.3g, greedy agreement %zu/%zu (%.3f)\n",
+  std::printf("%s %s: max relative logit error %.3g, greedy agreement %zu/%zu (%.3f)\n",
               variant.c_str(), bounds.name, max_err, agreed, total, agreement);
   RecordProperty("max_relative_error", std::to_string(max_err));
   RecordProperty("greedy_agreement", std::to_string(agreement));
@@ -143,8 +146,12 @@ INSTANTIATE_TEST_SUITE_P(
     Variants, ReducedPrecisionTest,
     ::testing::Combine(
         ::testing::ValuesIn(TestModelVariants()),
-        ::testing::Values(DtypeBounds{kernels::CpuWeightDtype::kBf16, "bf16", 0.01, 0.75},
-                          DtypeBounds{kernels::CpuWeightDtype::kInt8, "int8", 0.03, 0.25})),
+        ::testing::Values(DtypeBounds{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kF32,
+                                      "bf16", 0.01, 0.75},
+                          DtypeBounds{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16,
+                                      "bf16_kv_bf16", 0.01, 0.7},
+                          DtypeBounds{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kF32,
+                                      "int8", 0.03, 0.25})),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 
 INSTANTIATE_TEST_SUITE_P(Variants, ReferenceTest, ::testing::ValuesIn(TestModelVariants()));

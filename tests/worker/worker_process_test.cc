@@ -199,5 +199,37 @@ TEST(WorkerCpuIsaTest, AnUnusableLevelStopsTheWorkerAtStart) {
   }
 }
 
+// The CPU storage flags are checked at start: a value the worker does not know stops it
+// (exit 2) with a message naming the flag and its values; the known ones start it.
+TEST(WorkerCpuStorageFlagsTest, UnknownValuesStopTheWorkerAndSayWhatIsAccepted) {
+  struct Case {
+    std::string flag;
+    std::optional<std::string> message;  // Expected on a refusal; none: it starts.
+  };
+  const Case cases[] = {
+      {"--cpu_kv_dtype=fp8", "--cpu_kv_dtype must be auto, f32 or bf16, got \"fp8\""},
+      {"--cpu_weight_dtype=fp4", "--cpu_weight_dtype must be auto, f32, bf16 or int8"},
+      {"--cpu_kv_dtype=bf16", std::nullopt},
+      {"--cpu_kv_dtype=f32", std::nullopt},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flag);
+    // Through a shell that sends the worker's log (stderr) into the pipe Subprocess reads.
+    auto p = Subprocess::Start({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", WorkerBinary(),
+                                "--port=0", "--metrics_port=0", "--threads=1", c.flag});
+    ASSERT_TRUE(p.has_value());
+    if (c.message.has_value()) {
+      EXPECT_TRUE(p->WaitForLine(*c.message, 30s).has_value());
+      p->DrainStdout();
+      EXPECT_EQ(p->Wait(30s), 2);
+    } else {
+      EXPECT_TRUE(p->WaitForLine("listening on", 30s).has_value());
+      p->Signal(SIGTERM);
+      p->DrainStdout();
+      EXPECT_EQ(p->Wait(30s), 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace conveyor::testing
