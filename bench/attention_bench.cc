@@ -108,11 +108,7 @@ double Run(const Case& c, CpuKvDtype kv, internal::AttentionTileKernel kernel, d
   return best;
 }
 
-}  // namespace
-}  // namespace conveyor::kernels
-
-int main(int argc, char** argv) {
-  using namespace conveyor::kernels;
+int Main(int argc, char** argv) {
   double seconds = 0.3;
   const char* only = "";  // Runs only the cases whose name contains this.
   for (int i = 1; i + 1 < argc; ++i) {
@@ -160,3 +156,8 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+}  // namespace conveyor::kernels
+
+int main(int argc, char** argv) { return conveyor::kernels::Main(argc, argv); }
