@@ -34,6 +34,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "worker.pb.h"
+#include "worker/cpu_device.h"
 #include "worker/engine.h"
 
 namespace conveyor::bench {
@@ -58,7 +59,7 @@ struct Options {
   int threads = 0;
   bool quick = false;
   kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32;
-  std::string kv = "auto";  // --kv_dtype: auto (as the worker's: bf16 with bf16 weights).
+  worker::CpuKvChoice kv = worker::CpuKvChoice::kAuto;  // --kv_dtype, as the worker's flag.
 };
 
 // How the worker stores linear weights (--weight_dtype), and the same for the GEMM
@@ -643,8 +644,9 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       }
     } else if (arg == "--kv_dtype") {
       const char* v = value();
-      o->kv = v == nullptr ? "" : v;
-      if (o->kv != "auto" && o->kv != "f32" && o->kv != "bf16") return false;
+      absl::StatusOr<worker::CpuKvChoice> kv = worker::ParseCpuKvChoice(v == nullptr ? "" : v);
+      if (!kv.ok()) return false;
+      o->kv = *kv;
     } else if (arg == "--threads") {
       const char* v = value();
       if (v == nullptr || std::atoi(v) < 1) return false;
@@ -672,10 +674,7 @@ int Main(int argc, char** argv) {
   }
   if (opt.threads == 0) opt.threads = std::max(1u, std::thread::hardware_concurrency());
   g_weight_type = opt.weights;
-  g_kv_type =
-      opt.kv == "bf16" || (opt.kv == "auto" && opt.weights == kernels::CpuWeightDtype::kBf16)
-          ? kernels::CpuKvDtype::kBf16
-          : kernels::CpuKvDtype::kF32;
+  g_kv_type = worker::ResolveCpuKvDtype(opt.kv, opt.weights);
   const Effort e = opt.quick ? Effort{3, 2, 2, 8, false} : Effort{5, 3, 3, 32, true};
 
   const double load_before = LoadAverage();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/gemm_kernels.h"  // FromBf16
 #include "kernels/cpu/thread_pool.h"
 
 namespace conveyor::kernels {
@@ -16,7 +17,7 @@ namespace internal {
 namespace {
 
 float Widen(float x) { return x; }
-float Widen(uint16_t bf16) { return std::bit_cast<float>(static_cast<uint32_t>(bf16) << 16); }
+float Widen(uint16_t bf16) { return FromBf16(bf16); }
 
 template <typename T>
 void PortableTile(const AttentionArgs& args, const AttentionTile& tile) {

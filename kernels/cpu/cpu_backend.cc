@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
@@ -225,8 +226,14 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  static float Narrow(float x, float*) { return x; }
-  static uint16_t Narrow(float x, uint16_t*) { return internal::ToBf16(x); }
+  template <typename T>
+  static T Narrow(float x) {
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      return internal::ToBf16(x);
+    } else {
+      return x;
+    }
+  }
 
   // K goes into its slot's column of the block (transposed), V into its row
   // (CpuKvLayout); as bf16, each value rounded to nearest even.
@@ -247,8 +254,8 @@ class CpuBackend final : public Backend {
           T* k_col = k_cache + layout.K(slot, h, 0);
           T* v_dst = v_cache + layout.V(slot, h, 0);
           for (int c = 0; c < d; ++c) {
-            k_col[static_cast<size_t>(c) * layer.block_size] = Narrow(k_row[h * d + c], k_col);
-            v_dst[c] = Narrow(v_row[h * d + c], v_dst);
+            k_col[static_cast<size_t>(c) * layer.block_size] = Narrow<T>(k_row[h * d + c]);
+            v_dst[c] = Narrow<T>(v_row[h * d + c]);
           }
         }
       }

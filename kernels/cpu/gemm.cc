@@ -315,7 +315,7 @@ void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, con
   // A chunk's first row tile reads its panels from memory; the later ones read them from
   // L2 and leave memory idle, so they fetch the next chunk, whose first row tile then
   // finds its panels in L2 too. With one row tile (m <= kGemmMaxRows) each call
-  // prefetches the next panel instead (below).
+  // prefetches the next panel instead.
   auto run_chunk = [&](int64_t chunk, int64_t next) {
     const int64_t p_begin = chunk * panels_per_chunk;
     const int64_t p_end = p_begin + chunk_panels(chunk);
@@ -341,31 +341,31 @@ void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, con
           ++p;
           continue;
         }
+        // What this call prefetches while it computes. With several row tiles: its share
+        // of the next chunk (none on the first tile, which reads the panels from memory).
+        // With one, nothing reads these panels again from L2, so the whole panel this
+        // thread computes next: the weight stream then overlaps the arithmetic instead of
+        // alternating with it (one thread, the `small` model's GEMMs from memory, bf16:
+        // m=8 6.2-6.4 -> 4.5-4.6 ms, m=12 8.3 -> 5.0-6.4 ms; m=1 takes the pair kernel).
+        const char* call_prefetch = prefetch;
+        int lines = r == 0 ? 0 : static_cast<int>(std::min(lines_per_call, prefetch_lines));
         if (row_tiles == 1) {
-          // Nothing reads these panels again from L2, so instead each call fetches the
-          // panel this thread computes next (into L2, spread over its loop) while it
-          // computes this one: the weight stream then overlaps the arithmetic instead of
-          // alternating with it. One thread, the `small` model's GEMMs from memory, bf16:
-          // m=8 6.2-6.4 -> 4.5-4.6 ms, m=12 8.3 -> 5.0-6.4 ms (m=1 takes the pair kernel).
           const int64_t next_panel = p + 1 < p_end       ? p + 1
                                      : next < num_chunks ? next * panels_per_chunk
                                                          : -1;
-          kernel(x, ldx, rows, panels + static_cast<size_t>(p) * panel_bytes,
-                 w.scales != nullptr ? w.scales + col : nullptr, k,
-                 bias != nullptr ? bias + col : nullptr, y + col, ldy,
-                 std::min(kGemmPanelWidth, n - col),
-                 next_panel < 0 ? nullptr : panels + static_cast<size_t>(next_panel) * panel_bytes,
-                 next_panel < 0 ? 0 : static_cast<int>(panel_bytes / 64));
-          continue;
+          call_prefetch =
+              next_panel < 0 ? nullptr : panels + static_cast<size_t>(next_panel) * panel_bytes;
+          lines = next_panel < 0 ? 0 : static_cast<int>(panel_bytes / 64);
         }
-        const int lines = r == 0 ? 0 : static_cast<int>(std::min(lines_per_call, prefetch_lines));
         kernel(x + static_cast<size_t>(r) * ldx, ldx, rows,
                panels + static_cast<size_t>(p) * panel_bytes,
                w.scales != nullptr ? w.scales + col : nullptr, k,
                bias != nullptr ? bias + col : nullptr, y + static_cast<size_t>(r) * ldy + col, ldy,
-               std::min(kGemmPanelWidth, n - col), prefetch, lines);
-        prefetch += static_cast<size_t>(lines) * 64;
-        prefetch_lines -= lines;
+               std::min(kGemmPanelWidth, n - col), call_prefetch, lines);
+        if (row_tiles > 1) {
+          prefetch += static_cast<size_t>(lines) * 64;
+          prefetch_lines -= lines;
+        }
       }
     }
   };
