@@ -479,6 +479,8 @@ RpcFixture& GetRpc() {
     const std::string address = "127.0.0.1:" + std::to_string(port);
     scheduler::WorkerGroup::Options options;
     options.addresses = {address};
+    // A worker serves only calls that name its scheduler.
+    options.scheduler_id = "scheduler_bench";
     options.model_path = g_flags.model_dir;
     options.block_size = kBlockSize;
     options.kv_cache_bytes = 64ull << 20;

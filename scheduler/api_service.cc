@@ -46,9 +46,9 @@ absl::Status MalformedError(const char* type) {
                    " message: it is malformed, or one of its string fields is not valid UTF-8"));
 }
 
-// One Generate stream. The engine's thread pushes messages into the sink; the reactor
-// writes them one at a time (gRPC allows one outstanding write) and finishes the call
-// after the last one. The reactor lives until gRPC calls OnDone, which can only happen
+// One Generate stream. The engine's delivery thread pushes messages into the sink; the
+// reactor writes them one at a time (gRPC allows one outstanding write) and finishes the
+// call after the last one. The reactor lives until gRPC calls OnDone, which can only happen
 // after Finish, and Finish is only called with no write in flight.
 class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                              public ResponseSink {

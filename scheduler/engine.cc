@@ -173,6 +173,7 @@ void Engine::Loop() {
   bool idle = false;
   last_worker_contact_ = Clock::now();
   for (;;) {
+    dispatcher_.Post();  // What the last iteration streamed goes out while this one runs.
     const bool wait = idle || recovering_;
     if (!TakeInbox(wait, wait ? NextWake() : Clock::time_point())) break;
     const Clock::time_point start = Clock::now();
@@ -197,6 +198,7 @@ void Engine::Loop() {
     if (!idle) {
       MarkScheduled(plan);
       const worker::v1::StepRequest step = encoder_.Encode(plan);
+      dispatcher_.Post();  // Cancellations and deadlines taken above.
       absl::StatusOr<worker::v1::StepResponse> response = executor_->Step(step);
       last_worker_contact_ = Clock::now();
       if (response.ok()) {
@@ -229,7 +231,7 @@ void Engine::Loop() {
     std::lock_guard<std::mutex> lock(mu_);
     status = stop_status_;
     for (std::unique_ptr<Request>& r : inbox_) {
-      r->sink->Finish(status);
+      dispatcher_.Finish(std::move(r->sink), status);
       --live_requests_;
     }
     inbox_.clear();
@@ -239,6 +241,8 @@ void Engine::Loop() {
   for (Request* r : live) {
     if (!r->done) Finish(r, status, FinishReason::kError, nullptr);
   }
+  // Stop returns once every request's answer has reached its client's stream.
+  dispatcher_.Flush();
 }
 
 void Engine::MarkScheduled(const StepPlan& plan) {
@@ -482,7 +486,7 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
   StopChecker::Verdict verdict = stop_checker_.Check(*r);
   message.set_text(std::move(verdict.text));
   if (!verdict.finish.has_value()) {
-    r->sink->Send(std::move(message));
+    dispatcher_.Send(r->sink, std::move(message));
     return;
   }
   Finish(r, absl::OkStatus(), *verdict.finish, &message);
@@ -502,9 +506,9 @@ void Engine::Finish(Request* r, const absl::Status& status, FinishReason reason,
     usage->set_time_to_first_token_ms(Millis(r->first_token - r->arrival));
     usage->set_e2e_latency_ms(Millis(now - r->arrival));
     usage->set_preemptions(r->preemptions);
-    r->sink->Send(std::move(*last));
+    dispatcher_.Send(r->sink, std::move(*last));
   }
-  r->sink->Finish(status);
+  dispatcher_.Finish(r->sink, status);
   ++counters_.finished;
   if (metrics_ != nullptr) {
     metrics_->ObserveFinished(FinishReasonName(reason), Seconds(now - r->arrival),

@@ -1,7 +1,9 @@
 // The scheduler loop. One thread owns every request and every KV block: each iteration
 // it takes in arrivals and cancellations, asks the batching policy for a plan, sends one
 // delta-encoded Step to the workers (StepEncoder), then appends the sampled tokens,
-// streams them, checks stop conditions (StopChecker) and retires finished requests.
+// checks stop conditions (StopChecker), retires finished requests and queues what each
+// client is owed; a thread of its own writes that to the clients while the next step
+// runs (ResponseDispatcher).
 //
 // Other threads (the gRPC API) only Submit and Cancel; both are cheap and never block
 // on a step.
@@ -25,6 +27,7 @@
 #include "scheduler/policy.h"
 #include "scheduler/request.h"
 #include "scheduler/request_pool.h"
+#include "scheduler/response_dispatcher.h"
 #include "scheduler/step_encoder.h"
 #include "scheduler/step_executor.h"
 #include "scheduler/stop_checker.h"
@@ -144,8 +147,9 @@ class Engine {
   BlockManager blocks_;
   RequestPool pool_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
-  StepEncoder encoder_;  // What the workers hold; every step goes through it.
-  Stats counters_;       // Published to stats_ after each iteration.
+  StepEncoder encoder_;            // What the workers hold; every step goes through it.
+  ResponseDispatcher dispatcher_;  // Every message to a client goes through it.
+  Stats counters_;                 // Published to stats_ after each iteration.
   uint64_t prefix_queries_seen_ = 0;
   uint64_t prefix_hits_seen_ = 0;
   Clock::time_point last_worker_contact_;  // For the idle liveness check.

@@ -21,8 +21,9 @@ namespace conveyor::scheduler {
 
 using Clock = std::chrono::steady_clock;
 
-// Where a request's stream goes (the gRPC layer; tests record). Called on the
-// scheduler loop's thread; implementations must not block.
+// Where a request's stream goes (the gRPC layer; tests record). Called on the engine's
+// delivery thread (ResponseDispatcher), in order, Finish last; implementations must not
+// block.
 class ResponseSink {
  public:
   virtual ~ResponseSink() = default;

@@ -51,7 +51,7 @@ class Listener final : public Base {
 };
 
 // One request's answer on its way from the engine to the connection's thread. The engine
-// calls Send/Finish on its loop thread and must never wait: both only queue and notify.
+// calls Send/Finish on its delivery thread and must never wait: both only queue and notify.
 class ResponseQueue final : public ResponseSink {
  public:
   void Send(v1::GenerateResponse message) override {
