@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -29,6 +30,10 @@ class RemovePlugin final : public grpc::ServerBuilderOption {
 };
 
 }  // namespace
+
+void DisableMutexDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
 
 void WithoutReflection(grpc::ServerBuilder* builder) {
   // The name grpc::reflection::ProtoServerReflectionPlugin gives itself.

@@ -1,6 +1,7 @@
 // Small pieces both processes' gRPC servers need: a plaintext server that answers only the
-// standard health service (for probes that cannot speak TLS, such as the kubelet's), and
-// a builder option that keeps server reflection off a server.
+// standard health service (for probes that cannot speak TLS, such as the kubelet's), a
+// builder option that keeps server reflection off a server, and Abseil's lock debugging
+// turned off.
 #pragma once
 
 #include <memory>
@@ -16,6 +17,13 @@ class ServerBuilder;
 }  // namespace grpc
 
 namespace conveyor {
+
+// Turns off Abseil's mutex deadlock detection for the process; call first in main().
+// Debian builds Abseil without NDEBUG, which leaves the detection on: every absl::Mutex
+// acquisition (gRPC takes several per call) then updates a process-wide lock-order graph
+// under one global lock, a debugging aid that costs every thread. Seen in a profile of
+// the scheduler under load (GraphCycles::GetId, 1% of its CPU, on the step's path).
+void DisableMutexDeadlockDetection();
 
 // Keeps gRPC's reflection plugin off the server `builder` builds. Linking
 // grpc++_reflection adds the plugin to every server at static initialisation, so

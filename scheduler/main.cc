@@ -147,6 +147,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> WorkerCredentials() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  conveyor::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "Serves streaming text generation over gRPC, batching requests onto model workers.\n"
       "Usage: conveyor-scheduler --model=DIR --workers=HOST:PORT[,HOST:PORT...] [flags]");

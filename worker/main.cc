@@ -149,6 +149,7 @@ absl::StatusOr<std::unique_ptr<conveyor::model::Device>> MakeDevice(const std::s
 }  // namespace
 
 int main(int argc, char** argv) {
+  conveyor::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "Serves one rank of a Llama-family model to a conveyor-scheduler over gRPC.\n"
       "Usage: conveyor-worker [--host=127.0.0.1] [--port=50061] [--threads=N]");
