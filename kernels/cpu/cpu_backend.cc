@@ -15,7 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/gemm_kernels.h"  // ToBf16
+#include "kernels/cpu/gemm_kernels.h"  // ToBf16Strided
 #include "kernels/cpu/row_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -226,12 +226,13 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // out[c * stride] = in[c] for c < n, as T (bf16: rounded to nearest even).
   template <typename T>
-  static T Narrow(float x) {
+  static void Narrow(const float* in, int n, T* out, ptrdiff_t stride) {
     if constexpr (std::is_same_v<T, uint16_t>) {
-      return internal::ToBf16(x);
+      internal::ToBf16Strided(in, n, out, stride);
     } else {
-      return x;
+      for (int c = 0; c < n; ++c) out[c * stride] = in[c];
     }
   }
 
@@ -251,12 +252,8 @@ class CpuBackend final : public Backend {
         const float* k_row = static_cast<const float*>(k) + t * row_stride;
         const float* v_row = static_cast<const float*>(v) + t * row_stride;
         for (int h = 0; h < shape.num_kv_heads; ++h) {
-          T* k_col = k_cache + layout.K(slot, h, 0);
-          T* v_dst = v_cache + layout.V(slot, h, 0);
-          for (int c = 0; c < d; ++c) {
-            k_col[static_cast<size_t>(c) * layer.block_size] = Narrow<T>(k_row[h * d + c]);
-            v_dst[c] = Narrow<T>(v_row[h * d + c]);
-          }
+          Narrow<T>(k_row + h * d, d, k_cache + layout.K(slot, h, 0), layer.block_size);
+          Narrow<T>(v_row + h * d, d, v_cache + layout.V(slot, h, 0), 1);
         }
       }
     });

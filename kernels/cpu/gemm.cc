@@ -24,6 +24,10 @@ uint16_t ToBf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+void ToBf16Strided(const float* in, int n, uint16_t* out, ptrdiff_t stride) {
+  for (int i = 0; i < n; ++i) out[i * stride] = ToBf16(in[i]);
+}
+
 float FromBf16(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
   float f = 0;

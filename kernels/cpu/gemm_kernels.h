@@ -3,6 +3,7 @@
 
 #include <xmmintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace conveyor::kernels::internal {
@@ -92,6 +93,11 @@ void GemmPanelInt8Portable(const float* x, int ldx, int m, const void* panel, co
 // and a NaN a quiet NaN (what vcvtne2ps2bf16 does).
 uint16_t ToBf16(float f);
 float FromBf16(uint16_t b);
+// out[i * stride] = ToBf16(in[i]) for i < n: ToBf16 inlined, for callers that narrow
+// many values (the KV cache's writes). Out of line here, in the file built for every CPU:
+// an inline ToBf16 in this header would also be compiled into the AVX files, and the
+// linker may keep any one copy.
+void ToBf16Strided(const float* in, int n, uint16_t* out, ptrdiff_t stride);
 
 inline int Bf16PaddedK(int k) { return k + (k & 1); }
 
