@@ -75,7 +75,13 @@ struct Effort {
   int prefill_reps;
   int decode_steps;
   bool prefill_4x512;
+  // Rounds of (read bandwidth, then kFloorRoundSteps decode steps at batch 1), each
+  // decode measured against the bandwidth of the moment before it.
+  int floor_rounds;
 };
+
+// Decode steps at batch 1 per floor round (their median is the round's step time).
+constexpr int kFloorRoundSteps = 6;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -148,24 +154,41 @@ void FillRandom(float* p, size_t count, uint64_t seed, float scale) {
 
 // Best GB/s of a streaming read (a sum) over kBandwidthBytes split among the pool's
 // threads in 4 MiB chunks, so a thread slowed by a neighbour does not idle the others.
-double MeasureReadBandwidth(int passes, kernels::ThreadPool* pool) {
-  constexpr size_t kChunkFloats = (size_t{4} << 20) / sizeof(float);
-  const size_t floats = kBandwidthBytes / sizeof(float);
-  const int64_t chunks = static_cast<int64_t>(floats / kChunkFloats);
-  AlignedFloats buffer = AllocateFloats(floats);
-  // First touch from the pool, so pages are mapped before timing.
-  pool->ParallelFor(chunks, 1, [&](int64_t begin, int64_t end) {
-    std::fill(buffer.get() + begin * kChunkFloats, buffer.get() + end * kChunkFloats, 1.0f);
-  });
+// The buffer is mapped once, so Measure can be called between decode steps: on a VM
+// whose bandwidth drifts (31-60 GB/s between runs here) a floor is only meaningful
+// against the bandwidth of the same moment.
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(kernels::ThreadPool* pool)
+      : pool_(pool), buffer_(AllocateFloats(kFloats)) {
+    // First touch from the pool, so pages are mapped before timing.
+    pool_->ParallelFor(kChunks, 1, [&](int64_t begin, int64_t end) {
+      std::fill(buffer_.get() + begin * kChunkFloats, buffer_.get() + end * kChunkFloats, 1.0f);
+    });
+  }
+
+  double Measure(int passes);
+
+ private:
+  static constexpr size_t kChunkFloats = (size_t{4} << 20) / sizeof(float);
+  static constexpr size_t kFloats = kBandwidthBytes / sizeof(float);
+  static constexpr int64_t kChunks = static_cast<int64_t>(kFloats / kChunkFloats);
+  kernels::ThreadPool* pool_;
+  AlignedFloats buffer_;
+};
+
+double ReadBandwidthProbe::Measure(int passes) {
+  kernels::ThreadPool* pool = pool_;
+  const float* buffer = buffer_.get();
   // Four independent accumulators keep the loop bound by loads, not by the latency of
   // one add chain. 16-byte vectors fit SSE2, the baseline, in registers (wider GCC
   // vectors would go through the stack), and two such loads a cycle outrun DRAM.
   using Vec = float __attribute__((vector_size(16)));
-  std::vector<double> sums(chunks);
+  std::vector<double> sums(kChunks);
   const double seconds = BestSeconds(passes, [&] {
-    pool->ParallelFor(chunks, 1, [&](int64_t begin, int64_t end) {
+    pool->ParallelFor(kChunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        const Vec* v = reinterpret_cast<const Vec*>(buffer.get() + c * kChunkFloats);
+        const Vec* v = reinterpret_cast<const Vec*>(buffer + c * kChunkFloats);
         Vec a0 = {}, a1 = {}, a2 = {}, a3 = {};
         for (size_t i = 0; i < kChunkFloats * sizeof(float) / sizeof(Vec); i += 4) {
           a0 += v[i];
@@ -183,7 +206,7 @@ double MeasureReadBandwidth(int passes, kernels::ThreadPool* pool) {
   // Every element is 1, so the total checks that every byte was read.
   double total = 0.0;
   for (double s : sums) total += s;
-  if (total != static_cast<double>(floats)) std::fprintf(stderr, "bandwidth checksum off\n");
+  if (total != static_cast<double>(kFloats)) std::fprintf(stderr, "bandwidth checksum off\n");
   return kBandwidthBytes / seconds / 1e9;
 }
 
@@ -515,6 +538,13 @@ struct PhaseResult {
   // Breakdown (seconds per step): forward and sampling as Step reports them; GEMMs and
   // attention replayed alone at the same shapes.
   double forward_s = 0, sample_s = 0, gemm_s = 0, attention_s = 0;
+  // Decode at batch 1: the floor rounds (Effort::floor_rounds).
+  struct FloorRound {
+    double bandwidth_gbs = 0;  // Measured just before the round's steps.
+    double step_s = 0;         // Their median.
+    double mean_context = 0;
+  };
+  std::vector<FloorRound> floor_rounds;
 };
 
 PhaseResult MeasurePrefill(Worker* w, ForwardGemms* gemms, kernels::ThreadPool* pool, int seqs,
@@ -547,13 +577,14 @@ PhaseResult MeasurePrefill(Worker* w, ForwardGemms* gemms, kernels::ThreadPool* 
 // Tokens a decode sequence reaches by the end of the last decode phase.
 int DecodeCapacity(const Effort& e) {
   return kDecodePromptTokens + 1 +
-         static_cast<int>(std::size(kDecodeBatches)) * (kWarmupDecodeSteps + e.decode_steps);
+         static_cast<int>(std::size(kDecodeBatches)) * (kWarmupDecodeSteps + e.decode_steps) +
+         e.floor_rounds * kFloorRoundSteps;
 }
 
 // Decodes at each of kDecodeBatches in turn, starting from kDecodeBatches[0] fresh
 // sequences.
 std::vector<PhaseResult> MeasureDecode(Worker* w, ForwardGemms* gemms, kernels::ThreadPool* pool,
-                                       const Effort& e) {
+                                       ReadBandwidthProbe* bandwidth, const Effort& e) {
   double unused;
   w->Prefill(kDecodeBatches[0], kDecodePromptTokens, DecodeCapacity(e), &unused);
   std::vector<PhaseResult> results;
@@ -580,6 +611,23 @@ std::vector<PhaseResult> MeasureDecode(Worker* w, ForwardGemms* gemms, kernels::
     r.flops = ForwardFlops(w->config(), batch, context_sum / e.decode_steps, batch);
     r.attention_s = w->TimeAttention(1, e.gemm_reps);
     r.gemm_s = gemms->TimeOurs(batch, batch, e.gemm_reps, pool);
+    if (batch == 1) {
+      for (int round = 0; round < e.floor_rounds; ++round) {
+        PhaseResult::FloorRound f;
+        f.bandwidth_gbs = bandwidth->Measure(2);
+        std::vector<double> steps;
+        int64_t context = 0;
+        for (int i = 0; i < kFloorRoundSteps; ++i) {
+          double seconds;
+          w->Decode(&seconds);
+          steps.push_back(seconds);
+          context += w->sequences()[0].computed;
+        }
+        f.step_s = Median(steps);
+        f.mean_context = static_cast<double>(context) / kFloorRoundSteps;
+        r.floor_rounds.push_back(f);
+      }
+    }
     results.push_back(r);
   }
   w->KeepFirst(0);
@@ -675,7 +723,7 @@ int Main(int argc, char** argv) {
   if (opt.threads == 0) opt.threads = std::max(1u, std::thread::hardware_concurrency());
   g_weight_type = opt.weights;
   g_kv_type = worker::ResolveCpuKvDtype(opt.kv, opt.weights);
-  const Effort e = opt.quick ? Effort{3, 2, 2, 8, false} : Effort{5, 3, 3, 32, true};
+  const Effort e = opt.quick ? Effort{3, 2, 2, 8, false, 3} : Effort{5, 3, 3, 32, true, 7};
 
   const double load_before = LoadAverage();
   const auto run_start = Clock::now();
@@ -689,7 +737,8 @@ int Main(int argc, char** argv) {
   // OpenBLAS's idle threads spin for a while after each call and would steal cores from
   // the worker, so OpenBLAS runs last.
   Progress("memory bandwidth");
-  const double bandwidth_gbs = MeasureReadBandwidth(e.bandwidth_passes, &pool);
+  ReadBandwidthProbe bandwidth(&pool);
+  const double bandwidth_gbs = bandwidth.Measure(e.bandwidth_passes);
   const double dispatch_us = MeasureDispatchMicros(&pool);
   Progress("GemmPacked ceilings");
   const int max_rows = (e.prefill_4x512 ? 4 : 1) * kPrefillTokens;
@@ -709,7 +758,9 @@ int Main(int argc, char** argv) {
   phases.push_back(MeasurePrefill(&w, &gemms, &pool, 1, e));
   if (e.prefill_4x512) phases.push_back(MeasurePrefill(&w, &gemms, &pool, 4, e));
   Progress("decode");
-  for (const PhaseResult& r : MeasureDecode(&w, &gemms, &pool, e)) phases.push_back(r);
+  for (const PhaseResult& r : MeasureDecode(&w, &gemms, &pool, &bandwidth, e)) {
+    phases.push_back(r);
+  }
 
   Progress("OpenBLAS ceilings");
   openblas_set_num_threads(opt.threads);
@@ -802,6 +853,22 @@ int Main(int argc, char** argv) {
           "  %-14s achieved %.2f ms/token (%.1f GB/s) = %.2f of floor speed "
           "(target >= 0.8)\n",
           "", r.step_s * 1e3, bytes / r.step_s / 1e9, floor_s / r.step_s);
+      if (!r.floor_rounds.empty()) {
+        // The same, round by round against the bandwidth just before each: robust to
+        // a machine whose bandwidth drifts between the ceilings and the decode.
+        std::vector<double> ratios;
+        std::string each;
+        for (const PhaseResult::FloorRound& f : r.floor_rounds) {
+          const double round_bytes = weight_bytes + KvBytes(c, f.mean_context);
+          ratios.push_back(round_bytes / (f.bandwidth_gbs * 1e9) / f.step_s);
+          char text[64];
+          std::snprintf(text, sizeof(text), " %.2f (%.1f GB/s, %.2f ms)", ratios.back(),
+                        f.bandwidth_gbs, f.step_s * 1e3);
+          each += text;
+        }
+        std::printf("  %-14s paired rounds: median %.2f of floor speed; each:%s\n", "",
+                    Median(ratios), each.c_str());
+      }
     } else if (r.name.starts_with("prefill") || r.name == "decode b=64") {
       const double gflops = r.flops / r.step_s / 1e9;
       std::printf(
