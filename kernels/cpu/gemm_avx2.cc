@@ -268,23 +268,26 @@ void GemmPanelInt8Avx2(const float* x, int ldx, int m, const void* panel, const 
 // One row against two adjacent panels (cols <= 64): eight FMA chains instead of four,
 // which keeps the FMA units busy while a decode step streams the weights.
 void GemmPanelPairAvx2(const float* x, int, int, const void* panel, const float*, int k,
-                       const float* bias, float* y, int, int cols, const void*, int) {
+                       const float* bias, float* y, int, int cols, const void* prefetch,
+                       int prefetch_lines) {
   Tile<1, 8>(x, 0, PanelPair<F32Panel, float>(static_cast<const float*>(panel), k), 0, nullptr, k,
-             bias, y, 0, cols, nullptr, 0);
+             bias, y, 0, cols, prefetch, prefetch_lines);
 }
 
 void GemmPanelPairBf16Avx2(const float* x, int, int, const void* panel, const float*, int k,
-                           const float* bias, float* y, int, int cols, const void*, int) {
+                           const float* bias, float* y, int, int cols, const void* prefetch,
+                           int prefetch_lines) {
   WithDenormalsFlushed([&] {
     Tile<1, 8>(x, 0, PanelPair<Bf16Panel, uint16_t>(static_cast<const uint16_t*>(panel), k), 0,
-               nullptr, k, bias, y, 0, cols, nullptr, 0);
+               nullptr, k, bias, y, 0, cols, prefetch, prefetch_lines);
   });
 }
 
 void GemmPanelPairInt8Avx2(const float* x, int, int, const void* panel, const float* scales, int k,
-                           const float* bias, float* y, int, int cols, const void*, int) {
+                           const float* bias, float* y, int, int cols, const void* prefetch,
+                           int prefetch_lines) {
   Tile<1, 8>(x, 0, PanelPair<Int8Panel, int8_t>(static_cast<const int8_t*>(panel), k), 0, scales, k,
-             bias, y, 0, cols, nullptr, 0);
+             bias, y, 0, cols, prefetch, prefetch_lines);
 }
 
 }  // namespace conveyor::kernels::internal

@@ -86,19 +86,24 @@ void GemmPanelInt8Avx512(const float* x, int ldx, int m, const void* panel, cons
 
 // One row against two adjacent panels (gemm_kernels.h): four chains at once.
 void GemmPanelPairAvx512(const float* x, int, int, const void* panel, const float*, int k,
-                         const float* bias, float* y, int, int cols, const void*, int) {
-  PanelPairTile<F32Panel, float>(x, panel, nullptr, k, bias, y, cols);
+                         const float* bias, float* y, int, int cols, const void* prefetch,
+                         int prefetch_lines) {
+  PanelPairTile<F32Panel, float>(x, panel, nullptr, k, bias, y, cols, prefetch, prefetch_lines);
 }
 
 void GemmPanelPairBf16Avx512(const float* x, int, int, const void* panel, const float*, int k,
-                             const float* bias, float* y, int, int cols, const void*, int) {
-  WithDenormalsFlushed(
-      [&] { PanelPairTile<Bf16Panel, uint16_t>(x, panel, nullptr, k, bias, y, cols); });
+                             const float* bias, float* y, int, int cols, const void* prefetch,
+                             int prefetch_lines) {
+  WithDenormalsFlushed([&] {
+    PanelPairTile<Bf16Panel, uint16_t>(x, panel, nullptr, k, bias, y, cols, prefetch,
+                                       prefetch_lines);
+  });
 }
 
 void GemmPanelPairInt8Avx512(const float* x, int, int, const void* panel, const float* scales,
-                             int k, const float* bias, float* y, int, int cols, const void*, int) {
-  PanelPairTile<Int8Panel, int8_t>(x, panel, scales, k, bias, y, cols);
+                             int k, const float* bias, float* y, int, int cols,
+                             const void* prefetch, int prefetch_lines) {
+  PanelPairTile<Int8Panel, int8_t>(x, panel, scales, k, bias, y, cols, prefetch, prefetch_lines);
 }
 
 }  // namespace conveyor::kernels::internal

@@ -70,9 +70,12 @@ void GemmPanelBf16Avx512Bf16(const float* x, int ldx, int m, const void* panel, 
 }
 
 void GemmPanelPairBf16Avx512Bf16(const float* x, int, int, const void* panel, const float*, int k,
-                                 const float* bias, float* y, int, int cols, const void*, int) {
-  WithDenormalsFlushed(
-      [&] { PanelPairTile<Bf16DotPanel, uint16_t>(x, panel, nullptr, k, bias, y, cols); });
+                                 const float* bias, float* y, int, int cols, const void* prefetch,
+                                 int prefetch_lines) {
+  WithDenormalsFlushed([&] {
+    PanelPairTile<Bf16DotPanel, uint16_t>(x, panel, nullptr, k, bias, y, cols, prefetch,
+                                          prefetch_lines);
+  });
 }
 
 }  // namespace conveyor::kernels::internal

@@ -92,11 +92,15 @@ void Tile(const float* x, int ldx, Panel panel, const float* scales, int k, cons
 // as in a one-panel call.
 template <typename Panel>
 void PairTile(const float* x, Panel first, Panel second, const float* scales, int k,
-              const float* bias, float* y, int cols) {
+              const float* bias, float* y, int cols, const void* prefetch, int prefetch_lines) {
   __m512 acc0[1][2] = {{_mm512_setzero_ps(), _mm512_setzero_ps()}};
   __m512 acc1[1][2] = {{_mm512_setzero_ps(), _mm512_setzero_ps()}};
   const int steps = Panel::Steps(k);
+  const char* line = static_cast<const char*>(prefetch);
+  int credit = 0;
   for (int i = 0; i < steps; ++i) {
+    credit += prefetch_lines;
+    for (; credit >= steps; credit -= steps, line += 64) _mm_prefetch(line, _MM_HINT_T1);
     first.template Step<1>(i, x, 0, acc0);
     second.template Step<1>(i, x, 0, acc1);
   }
@@ -109,10 +113,10 @@ void PairTile(const float* x, Panel first, Panel second, const float* scales, in
 // PairTile over `panel` and the panel after it (k steps of 32 Elements each).
 template <typename Panel, typename Element>
 void PanelPairTile(const float* x, const void* panel, const float* scales, int k, const float* bias,
-                   float* y, int cols) {
+                   float* y, int cols, const void* prefetch, int prefetch_lines) {
   const auto* first = static_cast<const Element*>(panel);
   PairTile(x, Panel{first}, Panel{first + static_cast<long>(k) * kGemmPanelWidth}, scales, k, bias,
-           y, cols);
+           y, cols, prefetch, prefetch_lines);
 }
 
 template <typename Panel>
