@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "common/tokenizer.h"
 #include "prometheus/registry.h"
@@ -191,7 +192,7 @@ class InstantExecutor final : public scheduler::StepExecutor {
     size_t request_bytes = 0;
   };
 
-  InstantExecutor(std::vector<int32_t> vocabulary) : vocabulary_(std::move(vocabulary)) {}
+  explicit InstantExecutor(std::vector<int32_t> vocabulary) : vocabulary_(std::move(vocabulary)) {}
 
   absl::StatusOr<wv1::StepResponse> Step(const wv1::StepRequest& request) override {
     const Clock::time_point enter = Clock::now();
@@ -666,7 +667,9 @@ void ParseFlags(int* argc, char** argv) {
     };
     auto as_int = [&](const std::string& v) {
       int x;
-      if (!absl::SimpleAtoi(v, &x) || x < 1) Die(name + " wants a positive integer, got " + v);
+      if (!absl::SimpleAtoi(v, &x) || x < 1) {
+        Die(absl::StrCat(name, " wants a positive integer, got ", v));
+      }
       return x;
     };
     if (name == "--model") {
@@ -777,11 +780,7 @@ void PrintSummary() {
   }
 }
 
-}  // namespace
-}  // namespace conveyor::bench
-
-int main(int argc, char** argv) {
-  using namespace conveyor::bench;
+int Main(int argc, char** argv) {
   ParseFlags(&argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
@@ -825,3 +824,8 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   return 0;
 }
+
+}  // namespace
+}  // namespace conveyor::bench
+
+int main(int argc, char** argv) { return conveyor::bench::Main(argc, argv); }

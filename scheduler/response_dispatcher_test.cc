@@ -54,8 +54,8 @@ v1::GenerateResponse Text(const std::string& text) {
 
 TEST(ResponseDispatcherTest, EachSinkGetsItsMessagesInOrderAndFinishLast) {
   ResponseDispatcher dispatcher;
-  std::vector<std::shared_ptr<LogSink>> sinks;
-  for (int i = 0; i < 4; ++i) sinks.push_back(std::make_shared<LogSink>());
+  std::vector<std::shared_ptr<LogSink>> sinks(4);
+  for (auto& sink : sinks) sink = std::make_shared<LogSink>();
   // Many small posts, the sinks' deliveries interleaved within each.
   for (int step = 0; step < 200; ++step) {
     for (auto& sink : sinks) dispatcher.Send(sink, Text(std::to_string(step)));
