@@ -780,6 +780,7 @@ int Main(int argc, char** argv) {
       c.intermediate_size, c.vocab_size, params / 1e6);
   std::printf("backend %s; model loaded in %.1f s; weight_bytes() %.1f MB\n",
               w.backend().name().c_str(), w.load_seconds(), w.model().weight_bytes() / 1e6);
+  std::printf("bf16 GEMM arithmetic: %s\n", kernels::Bf16ArithmeticChoice().c_str());
   std::printf("%s, kernel %s (OPENBLAS_CORETYPE=%s, OPENBLAS_L2_SIZE=%s), %d threads\n",
               openblas_get_config(), openblas_get_corename(), EnvOr("OPENBLAS_CORETYPE", "<unset>"),
               EnvOr("OPENBLAS_L2_SIZE", "<unset>"), openblas_get_num_threads());

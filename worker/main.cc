@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/gemm.h"
 #include "model/cuda/cuda_device.h"
 #include "prometheus/registry.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -119,12 +120,13 @@ absl::StatusOr<std::unique_ptr<conveyor::model::Device>> MakeDevice(const std::s
     if (std::string error = conveyor::kernels::CpuIsaEnvironmentError(); !error.empty()) {
       return absl::InvalidArgumentError(error);
     }
-    spdlog::info("CPU kernels: {} (this CPU has: {}{})",
+    spdlog::info("CPU kernels: {} (this CPU has: {}{}); bf16 weights multiply with {}",
                  conveyor::kernels::CpuIsaName(conveyor::kernels::ActiveCpuIsa()),
                  conveyor::kernels::CpuFeatureSummary(),
                  conveyor::kernels::ActiveCpuIsa() < conveyor::kernels::DetectedCpuIsa()
                      ? "; lowered by CONVEYOR_CPU_ISA"
-                     : "");
+                     : "",
+                 conveyor::kernels::Bf16ArithmeticChoice());
     conveyor::worker::CpuDeviceOptions cpu;
     cpu.num_threads = absl::GetFlag(FLAGS_threads);
     ASSIGN_OR_RETURN(cpu.weights,

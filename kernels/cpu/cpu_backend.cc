@@ -80,9 +80,14 @@ class CpuBackend final : public Backend {
       : weight_type_(weights), kv_type_(kv), pool_(num_threads) {}
 
   std::string name() const override {
+    // bf16 says how it multiplies (vdpbf16ps or the FMAs: the same bits, gemm.h).
+    const std::string arithmetic =
+        weight_type_ == CpuWeightDtype::kBf16
+            ? absl::StrCat(" (", Bf16ArithmeticName(ActiveBf16Arithmetic()), ")")
+            : "";
     return absl::StrCat("cpu(", GemmKernelName(), ", ", CpuWeightDtypeName(weight_type_),
-                        " weights, ", CpuKvDtypeName(kv_type_), " KV, ", pool_.num_threads(),
-                        " threads)");
+                        " weights", arithmetic, ", ", CpuKvDtypeName(kv_type_), " KV, ",
+                        pool_.num_threads(), " threads)");
   }
   size_t activation_bytes() const override { return sizeof(float); }
   size_t kv_element_bytes() const override {

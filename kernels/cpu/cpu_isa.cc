@@ -92,7 +92,36 @@ CpuIsa ActiveCpuIsa() {
   return active;
 }
 
-std::string CpuIsaEnvironmentError() {
+const char* Bf16ArithmeticName(Bf16Arithmetic a) {
+  return a == Bf16Arithmetic::kVdpbf16ps ? "vdpbf16ps" : "fma";
+}
+
+namespace {
+
+// CONVEYOR_BF16_GEMM's value, and why it cannot be used (empty if it can).
+struct Bf16Request {
+  std::optional<Bf16Arithmetic> arithmetic;
+  std::string error;
+};
+
+Bf16Request ReadBf16Request() {
+  const char* value = std::getenv("CONVEYOR_BF16_GEMM");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return {};
+  for (Bf16Arithmetic a : {Bf16Arithmetic::kFma, Bf16Arithmetic::kVdpbf16ps}) {
+    if (std::string_view(value) != Bf16ArithmeticName(a)) continue;
+    if (a == Bf16Arithmetic::kVdpbf16ps && ActiveCpuIsa() < CpuIsa::kAvx512Bf16) {
+      return {std::nullopt,
+              absl::StrCat("CONVEYOR_BF16_GEMM=vdpbf16ps needs the avx512_bf16 level; the "
+                           "kernels run at ",
+                           CpuIsaName(ActiveCpuIsa()))};
+    }
+    return {a, ""};
+  }
+  return {std::nullopt,
+          absl::StrCat("CONVEYOR_BF16_GEMM must be auto, fma or vdpbf16ps, got \"", value, "\"")};
+}
+
+std::string CpuIsaVariableError() {
   const char* value = std::getenv("CONVEYOR_CPU_ISA");
   if (value == nullptr || *value == '\0') return "";
   const std::optional<CpuIsa> requested = ParseCpuIsa(value);
@@ -105,6 +134,16 @@ std::string CpuIsaEnvironmentError() {
                         CpuIsaName(DetectedCpuIsa()), "); it can only lower the level");
   }
   return "";
+}
+
+}  // namespace
+
+std::optional<Bf16Arithmetic> RequestedBf16Arithmetic() { return ReadBf16Request().arithmetic; }
+
+std::string CpuIsaEnvironmentError() {
+  std::string error = CpuIsaVariableError();
+  if (error.empty()) error = ReadBf16Request().error;
+  return error;
 }
 
 std::string CpuFeatureSummary() {

@@ -6,8 +6,10 @@
 //
 // The chain is AVX512-BF16 → AVX-512F → AVX2+FMA → portable. Only the bf16 GEMM has an
 // AVX512-BF16 kernel (vdpbf16ps); the levels below compute the same bits with FMA
-// (docs/cpu-weights.md). AMX and VNNI are detected and logged (CpuFeatureSummary) but
-// have no kernels yet.
+// (docs/cpu-weights.md). Where both run, the faster on this CPU is used (Bf16GemmChoice:
+// vdpbf16ps does twice the FMA's multiply-adds per second on a Zen 5, half on an Intel
+// Xeon without AMX). AMX and VNNI are detected and logged (CpuFeatureSummary) but have no
+// kernels yet.
 #pragma once
 
 #include <optional>
@@ -33,8 +35,20 @@ CpuIsa DetectedCpuIsa();
 // token of every batch takes the same kernels.
 CpuIsa ActiveCpuIsa();
 
-// Checks CONVEYOR_CPU_ISA for a binary to report at start: empty if unset or usable,
-// else a message saying what to set instead. (ActiveCpuIsa ignores an unusable value.)
+// How the bf16 GEMM multiplies on the AVX512-BF16 level: with vdpbf16ps, or with the
+// float32 FMAs the levels below use (the same bits, docs/cpu-weights.md). Below that
+// level it is always kFma.
+enum class Bf16Arithmetic { kFma, kVdpbf16ps };
+
+const char* Bf16ArithmeticName(Bf16Arithmetic a);  // "fma" or "vdpbf16ps"
+
+// What CONVEYOR_BF16_GEMM=fma|vdpbf16ps asks for; nullopt where unset, "auto" or
+// unusable (vdpbf16ps on a level without it). Otherwise the GEMM times both (gemm.h).
+std::optional<Bf16Arithmetic> RequestedBf16Arithmetic();
+
+// Checks CONVEYOR_CPU_ISA and CONVEYOR_BF16_GEMM for a binary to report at start: empty
+// if unset or usable, else a message saying what to set instead. (The kernels ignore an
+// unusable value.)
 std::string CpuIsaEnvironmentError();
 
 // The x86 features that matter to the kernels and that this CPU has, for the log, e.g.

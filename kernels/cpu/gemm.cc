@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/thread_pool.h"
@@ -126,19 +130,100 @@ struct Kernels {
   void (*round_bf16)(const float* x, int ldx, int m, int k, void* out) = nullptr;
 };
 
+// Which bf16 arithmetic the AVX512-BF16 level uses, and why.
+struct Bf16Choice {
+  Bf16Arithmetic arithmetic = Bf16Arithmetic::kFma;
+  std::string reason;
+};
+
+// The two bf16 kernels of the AVX512-BF16 level timed against each other on this core: a
+// 12-row tile against one panel of k = 1024 (64 KiB, so both run from L2 at their
+// arithmetic rate), each kernel's best of 9 rounds of 8 calls, the rounds alternating so
+// that a slow moment of the machine hits both. About a millisecond, once per process.
+// vdpbf16ps is kept unless the FMAs are at least 10% faster: the instruction reads no
+// widened copy of the activations and leaves the FMA ports to the other kernels.
+Bf16Choice TimeBf16Arithmetic() {
+  constexpr int kK = 1024, kRows = internal::kGemmMaxRows, kCalls = 8, kRounds = 9;
+  const auto aligned = [](size_t bytes) {
+    return std::unique_ptr<void, decltype(&std::free)>(std::aligned_alloc(64, bytes), std::free);
+  };
+  auto panel = aligned(size_t{kK} * kGemmPanelWidth * sizeof(uint16_t));
+  auto pairs = aligned(size_t{kRows} * kK * sizeof(uint16_t));
+  auto chain = aligned(size_t{kRows} * kK * sizeof(float));
+  auto y = aligned(size_t{kRows} * kGemmPanelWidth * sizeof(float));
+  if (!panel || !pairs || !chain || !y) return {Bf16Arithmetic::kVdpbf16ps, "not timed"};
+  uint32_t state = 12345;  // Values in [-1, 1): their size does not change the speed.
+  const auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / static_cast<float>(1 << 23) - 1.0f;
+  };
+  auto* w = static_cast<uint16_t*>(panel.get());
+  for (int i = 0; i < kK * kGemmPanelWidth; ++i) w[i] = internal::ToBf16(next());
+  std::vector<float> x(static_cast<size_t>(kRows) * kK);
+  for (float& v : x) v = next();
+  internal::RoundBf16Activations(x.data(), kK, kRows, kK, internal::Bf16Activations::kPairs,
+                                 pairs.get());
+  internal::RoundBf16Activations(x.data(), kK, kRows, kK, internal::Bf16Activations::kChainOrder,
+                                 chain.get());
+  struct Candidate {
+    GemmPanelKernel kernel;
+    const float* x;
+    int ldx;
+    double best = 1e30;
+  };
+  Candidate fma{internal::GemmPanelBf16Avx512, static_cast<const float*>(chain.get()), kK};
+  Candidate dp{internal::GemmPanelBf16Avx512Bf16, static_cast<const float*>(pairs.get()), kK / 2};
+  auto* out = static_cast<float*>(y.get());
+  for (int round = 0; round <= kRounds; ++round) {  // Round 0 warms up.
+    for (Candidate* c : {&fma, &dp}) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int call = 0; call < kCalls; ++call) {
+        c->kernel(c->x, c->ldx, kRows, w, nullptr, kK, nullptr, out, kGemmPanelWidth,
+                  kGemmPanelWidth, nullptr, 0);
+      }
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (round > 0) c->best = std::min(c->best, seconds);
+    }
+  }
+  const double ratio = fma.best / dp.best;  // > 1: vdpbf16ps is faster.
+  const Bf16Arithmetic choice =
+      ratio < 1.0 / 1.1 ? Bf16Arithmetic::kFma : Bf16Arithmetic::kVdpbf16ps;
+  return {choice, absl::StrFormat("timed: vdpbf16ps at %.2fx the FMAs' speed", ratio)};
+}
+
+Bf16Choice ChooseBf16Arithmetic() {
+  if (ActiveCpuIsa() < CpuIsa::kAvx512Bf16) {
+    return {Bf16Arithmetic::kFma,
+            absl::StrCat("the ", CpuIsaName(ActiveCpuIsa()), " level has no vdpbf16ps")};
+  }
+  if (const std::optional<Bf16Arithmetic> requested = RequestedBf16Arithmetic()) {
+    return {*requested, "CONVEYOR_BF16_GEMM"};
+  }
+  return TimeBf16Arithmetic();
+}
+
+const Bf16Choice& ActiveBf16Choice() {
+  static const Bf16Choice choice = ChooseBf16Arithmetic();
+  return choice;
+}
+
 // The kernels of the level ActiveCpuIsa() chose (CONVEYOR_CPU_ISA can lower it, so CI
 // exercises every level up to the machine's own).
 Kernels SelectKernels() {
   switch (ActiveCpuIsa()) {
     case CpuIsa::kAvx512Bf16:
-      return {internal::GemmPanelAvx512,
-              internal::GemmPanelBf16Avx512Bf16,
-              internal::GemmPanelInt8Avx512,
-              internal::GemmPanelPairAvx512,
-              internal::GemmPanelPairBf16Avx512Bf16,
-              internal::GemmPanelPairInt8Avx512,
-              internal::Bf16Activations::kPairs,
-              internal::RoundBf16PairsAvx512Bf16};
+      if (ActiveBf16Choice().arithmetic == Bf16Arithmetic::kVdpbf16ps) {
+        return {internal::GemmPanelAvx512,
+                internal::GemmPanelBf16Avx512Bf16,
+                internal::GemmPanelInt8Avx512,
+                internal::GemmPanelPairAvx512,
+                internal::GemmPanelPairBf16Avx512Bf16,
+                internal::GemmPanelPairInt8Avx512,
+                internal::Bf16Activations::kPairs,
+                internal::RoundBf16PairsAvx512Bf16};
+      }
+      [[fallthrough]];     // The FMAs: the avx512 level's kernels.
     case CpuIsa::kAvx512:  // AVX-512F implies AVX2: its activations round as AVX2's.
       return {internal::GemmPanelAvx512,
               internal::GemmPanelBf16Avx512,
@@ -206,6 +291,13 @@ void PackPanels(const float* w, int n, int k, T* packed, Convert convert) {
 }  // namespace
 
 const char* GemmKernelName() { return CpuIsaName(ActiveCpuIsa()); }
+
+Bf16Arithmetic ActiveBf16Arithmetic() { return ActiveBf16Choice().arithmetic; }
+
+std::string Bf16ArithmeticChoice() {
+  return absl::StrCat(Bf16ArithmeticName(ActiveBf16Choice().arithmetic), " (",
+                      ActiveBf16Choice().reason, ")");
+}
 
 size_t PackedGemmPanelBytes(CpuWeightDtype type, int n, int k) {
   return static_cast<size_t>(NumPanels(n)) * PanelSteps(type, k) * kGemmPanelWidth *

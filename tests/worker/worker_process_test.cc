@@ -4,6 +4,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <csignal>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -173,21 +176,29 @@ TEST_F(WorkerProcessTest, InitErrorsNameTheProblem) {
   EXPECT_EQ(process_->Wait(20s), 0);
 }
 
+// Starts a worker with `env` (VAR=value, ...): 0 if it printed `log_line` (by default the
+// line that says it serves), else its exit status. Through a shell that sends the
+// worker's log (stderr) into the pipe Subprocess reads.
+std::optional<int> RunWorkerWith(const std::vector<std::string>& env,
+                                 const std::string& log_line = "listening on") {
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", "/usr/bin/env"};
+  argv.insert(argv.end(), env.begin(), env.end());
+  argv.insert(argv.end(), {WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=1"});
+  auto p = Subprocess::Start(argv);
+  if (!p.has_value()) return std::nullopt;
+  if (p->WaitForLine(log_line, 30s).has_value()) {
+    p->Signal(SIGTERM);
+    p->DrainStdout();
+    p->Wait(30s);
+    return 0;  // Started and served.
+  }
+  return p->Wait(30s);
+}
+
 // CONVEYOR_CPU_ISA is read once and could only be ignored later, so a value the worker
 // cannot honour stops it at start (exit 2); a level the CPU has starts it.
 TEST(WorkerCpuIsaTest, AnUnusableLevelStopsTheWorkerAtStart) {
-  auto run = [](const std::string& isa) -> std::optional<int> {
-    auto p = Subprocess::Start({"/usr/bin/env", "CONVEYOR_CPU_ISA=" + isa, WorkerBinary(),
-                                "--port=0", "--metrics_port=0", "--threads=1"});
-    if (!p.has_value()) return std::nullopt;
-    if (p->WaitForLine("listening on", 30s).has_value()) {
-      p->Signal(SIGTERM);
-      p->DrainStdout();
-      p->Wait(30s);
-      return 0;  // Started and served.
-    }
-    return p->Wait(30s);
-  };
+  auto run = [](const std::string& isa) { return RunWorkerWith({"CONVEYOR_CPU_ISA=" + isa}); };
   EXPECT_EQ(run("avx9"), 2);
   EXPECT_EQ(run("portable"), 0);
   EXPECT_EQ(run(kernels::CpuIsaName(kernels::DetectedCpuIsa())), 0);
@@ -196,6 +207,25 @@ TEST(WorkerCpuIsaTest, AnUnusableLevelStopsTheWorkerAtStart) {
   }
   if (kernels::DetectedCpuIsa() < kernels::CpuIsa::kAvx512Bf16) {
     EXPECT_EQ(run("avx512_bf16"), 2);
+  }
+}
+
+// CONVEYOR_BF16_GEMM likewise: fma runs anywhere, vdpbf16ps only on the avx512_bf16
+// level, anything else is refused; the log says which arithmetic runs and why.
+TEST(WorkerCpuIsaTest, Bf16ArithmeticIsCheckedAtStartAndLogged) {
+  EXPECT_EQ(RunWorkerWith({"CONVEYOR_BF16_GEMM=amx"}), 2);
+  EXPECT_EQ(RunWorkerWith({"CONVEYOR_BF16_GEMM=fma"},
+                          "bf16 weights multiply with fma (CONVEYOR_BF16_GEMM)"),
+            0);
+  EXPECT_EQ(RunWorkerWith({"CONVEYOR_BF16_GEMM=auto", "CONVEYOR_CPU_ISA=portable"},
+                          "bf16 weights multiply with fma (the portable level has no vdpbf16ps)"),
+            0);
+  EXPECT_EQ(RunWorkerWith({"CONVEYOR_BF16_GEMM=vdpbf16ps", "CONVEYOR_CPU_ISA=portable"}), 2);
+  if (kernels::DetectedCpuIsa() == kernels::CpuIsa::kAvx512Bf16) {
+    EXPECT_EQ(RunWorkerWith({"CONVEYOR_BF16_GEMM=vdpbf16ps"},
+                            "bf16 weights multiply with vdpbf16ps (CONVEYOR_BF16_GEMM)"),
+              0);
+    EXPECT_EQ(RunWorkerWith({}, "bf16 weights multiply with"), 0);  // Timed: either.
   }
 }
 
