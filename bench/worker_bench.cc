@@ -716,7 +716,7 @@ int Main(int argc, char** argv) {
                  "  --threads N  worker, GEMM and OpenBLAS threads (default: all cores)\n"
                  "  --weight_dtype f32|bf16|int8  how the worker stores weights (f32)\n"
                  "  --kv_dtype auto|f32|bf16  how it stores the KV cache (auto: bf16 with bf16\n"
-                 "               weights, else f32, as the worker's --cpu_kv_dtype=auto)\n"
+                 "               or int8 weights, else f32, as the worker's --cpu_kv_dtype=auto)\n"
                  "  --quick      fewer repetitions (noisier)\n");
     return 2;
   }

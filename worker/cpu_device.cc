@@ -133,8 +133,10 @@ kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtyp
       return kernels::CpuKvDtype::kF32;
     case CpuKvChoice::kAuto:
     default:
-      return weights == kernels::CpuWeightDtype::kBf16 ? kernels::CpuKvDtype::kBf16
-                                                       : kernels::CpuKvDtype::kF32;
+      // Narrow weights (bf16, int8) were chosen for speed and already cost more accuracy
+      // than bf16 K and V add (docs/cpu-attention.md); f32 weights keep f32 K and V.
+      return weights == kernels::CpuWeightDtype::kF32 ? kernels::CpuKvDtype::kF32
+                                                      : kernels::CpuKvDtype::kBf16;
   }
 }
 

@@ -29,7 +29,7 @@ kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice, std::strin
 
 // --cpu_kv_dtype: how the KV cache is stored (docs/cpu-attention.md).
 enum class CpuKvChoice {
-  kAuto,  // bf16 where the weights are bf16 (the checkpoint's precision), else f32.
+  kAuto,  // bf16 where the weights are bf16 or int8, f32 where they are f32.
   kF32,
   kBf16,
 };

@@ -47,8 +47,8 @@ ABSL_FLAG(std::string, cpu_weight_dtype, "auto",
           "checkpoint where the kernels compute in bf16 (AVX512-BF16), else f32).");
 ABSL_FLAG(std::string, cpu_kv_dtype, "auto",
           "cpu: how the KV cache is stored: f32, bf16 (half the bytes: twice the context per "
-          "GiB, and decode attention reads half), or auto (bf16 where the weights are bf16, "
-          "else f32).");
+          "GiB, and decode attention reads half), or auto (bf16 where the weights are bf16 or "
+          "int8, f32 where they are f32).");
 ABSL_FLAG(std::string, collective_host, "",
           "Address the other tensor-parallel ranks reach this one at (cpu: Gloo's rendezvous "
           "store and TCP pairs). Empty: --host, or this machine's hostname when --host is "

@@ -191,11 +191,12 @@ TEST_P(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
 
 INSTANTIATE_TEST_SUITE_P(
     Storage, BatchInvarianceTest,
-    ::testing::Values(Storage{kernels::CpuWeightDtype::kF32, kernels::CpuKvDtype::kF32, "f32"},
-                      Storage{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kF32, "bf16"},
-                      Storage{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kF32, "int8"},
-                      Storage{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16,
-                              "bf16_kv_bf16"}),
+    ::testing::Values(
+        Storage{kernels::CpuWeightDtype::kF32, kernels::CpuKvDtype::kF32, "f32"},
+        Storage{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kF32, "bf16"},
+        Storage{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kF32, "int8"},
+        Storage{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16, "bf16_kv_bf16"},
+        Storage{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kBf16, "int8_kv_bf16"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

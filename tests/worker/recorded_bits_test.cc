@@ -121,7 +121,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2_bias_f16", CpuWeightDtype::kBf16, CpuKvDtype::kBf16,
                            0x1d598ed2703c7a99, 0x1d598ed2703c7a99, "qwen2_bf16_kv_bf16"},
                       Case{"qwen2_bias_f16", CpuWeightDtype::kInt8, CpuKvDtype::kF32,
-                           0x46d7605a0298e868, 0x9871db62a349e70c, "qwen2_int8"}),
+                           0x46d7605a0298e868, 0x9871db62a349e70c, "qwen2_int8"},
+                      Case{"qwen2_bias_f16", CpuWeightDtype::kInt8, CpuKvDtype::kBf16,
+                           0x85f10fc283a738be, 0x47771eb26f14a595, "qwen2_int8_kv_bf16"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

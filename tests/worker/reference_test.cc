@@ -151,7 +151,9 @@ INSTANTIATE_TEST_SUITE_P(
                           DtypeBounds{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16,
                                       "bf16_kv_bf16", 0.01, 0.7},
                           DtypeBounds{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kF32,
-                                      "int8", 0.03, 0.25})),
+                                      "int8", 0.03, 0.25},
+                          DtypeBounds{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kBf16,
+                                      "int8_kv_bf16", 0.03, 0.25})),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param).name; });
 
 INSTANTIATE_TEST_SUITE_P(Variants, ReferenceTest, ::testing::ValuesIn(TestModelVariants()));
