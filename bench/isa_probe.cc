@@ -40,6 +40,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_isa.h"
+
 namespace conveyor::bench {
 namespace {
 
@@ -133,10 +135,6 @@ bool CpuidBit(unsigned leaf, unsigned subleaf, int reg, int bit) {
   unsigned r[4] = {0, 0, 0, 0};
   if (__get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
   return ((r[reg] >> bit) & 1u) != 0;
-}
-bool HasAvx512Bf16() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         CpuidBit(7, 1, 0, 5);
 }
 
 // ---- vdpbf16ps ---------------------------------------------------------------------------
@@ -364,7 +362,7 @@ int Main(int argc, char** argv) {
   }
   const Range ranges[] = {Range::kNormal, Range::kNearFltMin, Range::kAnyBits};
   long failures = 0;
-  if (HasAvx512Bf16()) {
+  if (kernels::DetectedCpuIsa() >= kernels::CpuIsa::kAvx512Bf16) {
     for (Range r : ranges) {
       const long dp = ProbeDpBf16(cases, seed, r), cvt = ProbeCvtNe2(cases, seed + 1, r);
       std::printf("vdpbf16ps, %-12s %ld lanes, %ld differ from the model\n", RangeName(r), cases,

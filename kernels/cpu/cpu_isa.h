@@ -6,10 +6,10 @@
 //
 // The chain is AVX512-BF16 → AVX-512F → AVX2+FMA → portable. Only the bf16 GEMM has an
 // AVX512-BF16 kernel (vdpbf16ps); the levels below compute the same bits with FMA
-// (docs/cpu-weights.md). Where both run, the faster on this CPU is used (Bf16GemmChoice:
-// vdpbf16ps does twice the FMA's multiply-adds per second on a Zen 5, half on an Intel
-// Xeon without AMX). AMX and VNNI are detected and logged (CpuFeatureSummary) but have no
-// kernels yet.
+// (docs/cpu-weights.md). Where both run, the faster on this CPU is used
+// (ActiveBf16Arithmetic in gemm.h: vdpbf16ps does twice the FMA's multiply-adds per
+// second on a Zen 5, half on an Intel Xeon without AMX). AMX and VNNI are detected and
+// logged (CpuFeatureSummary) but have no kernels yet.
 #pragma once
 
 #include <optional>
