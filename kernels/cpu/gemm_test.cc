@@ -1,6 +1,7 @@
 #include "kernels/cpu/gemm.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -323,6 +324,63 @@ TEST_P(TypedGemmTest, EveryInstructionPathGivesThePortableBits) {
   if (compared == 0) GTEST_SKIP() << "CPU has neither AVX2+FMA nor AVX-512";
   std::printf("%s: %d kernel calls compared up to %s\n", CpuWeightDtypeName(type), compared,
               CpuIsaName(DetectedCpuIsa()));
+}
+
+// Two wrong bf16 chains, as a CPU whose instruction differed from the specification might
+// compute them (chain-order activations, gemm_kernels.h): the pair's even product first,
+// or no flushing of denormal sums.
+template <bool kEvenFirst, bool kFlush>
+void WrongBf16Panel(const float* x, int ldx, int m, const void* panel, const float*, int k,
+                    const float* bias, float* y, int ldy, int cols, const void*, int) {
+  const auto* w = static_cast<const uint16_t*>(panel);
+  const auto flush = [](float v) {
+    return kFlush && std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v;
+  };
+  for (int r = 0; r < m; ++r) {
+    for (int j = 0; j < cols; ++j) {
+      float acc = 0.0f;
+      for (int step = 0; step < k; ++step) {
+        const int i = kEvenFirst ? step ^ 1 : step;  // Chain-order position of the product.
+        const float weight =
+            internal::FromBf16(w[(i >> 1) * 2 * kGemmPanelWidth + 2 * j + ((i & 1) ^ 1)]);
+        acc = flush(std::fma(x[r * ldx + i], weight, acc));
+      }
+      y[static_cast<long>(r) * ldy + j] = bias != nullptr ? flush(acc + flush(bias[j])) : acc;
+    }
+  }
+}
+
+// The start-up check that keeps vdpbf16ps off a CPU where it would give other bits
+// (ChooseBf16Arithmetic): it passes every kernel this CPU runs, and fails kernels that
+// order or flush the chain differently.
+TEST(GemmTest, Bf16SelfCheckPassesTheKernelsAndCatchesOtherChains) {
+  using internal::Bf16Activations;
+  int checked = 0;
+  EXPECT_EQ(internal::Bf16KernelMismatches(internal::GemmPanelBf16Portable,
+                                           Bf16Activations::kChainOrder, &checked),
+            0);
+  EXPECT_EQ(checked, 2 * internal::kGemmMaxRows * kGemmPanelWidth);
+  struct Path {
+    CpuIsa isa;
+    internal::GemmPanelKernel kernel;
+    Bf16Activations layout;
+  };
+  for (const Path& path :
+       {Path{CpuIsa::kAvx2, internal::GemmPanelBf16Avx2, Bf16Activations::kChainOrder},
+        Path{CpuIsa::kAvx512, internal::GemmPanelBf16Avx512, Bf16Activations::kChainOrder},
+        Path{CpuIsa::kAvx512Bf16, internal::GemmPanelBf16Avx512Bf16, Bf16Activations::kPairs}}) {
+    if (path.isa > DetectedCpuIsa()) continue;
+    EXPECT_EQ(internal::Bf16KernelMismatches(path.kernel, path.layout), 0) << CpuIsaName(path.isa);
+  }
+  const int even_first =
+      internal::Bf16KernelMismatches(WrongBf16Panel<true, true>, Bf16Activations::kChainOrder);
+  const int unflushed =
+      internal::Bf16KernelMismatches(WrongBf16Panel<false, false>, Bf16Activations::kChainOrder);
+  // Each is wrong on a good share of the outputs, not on a lucky few.
+  EXPECT_GT(even_first, checked / 10);
+  EXPECT_GT(unflushed, checked / 10);
+  std::printf("of %d outputs, the even-first chain differs in %d, the unflushed one in %d\n",
+              checked, even_first, unflushed);
 }
 
 // The vector roundings of activations give the scalar one's bits, on every kind of float
