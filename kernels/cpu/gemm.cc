@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
@@ -152,7 +153,7 @@ int Bf16KernelMismatches(GemmPanelKernel kernel, Bf16Activations layout, int* ch
     kernel(kernel_x.data(), layout == Bf16Activations::kPairs ? kK / 2 : kK, kRows, panel.data(),
            nullptr, kK, bias.data(), got.data(), kCols, kCols, nullptr, 0);
     for (size_t i = 0; i < want.size(); ++i) {
-      wrong += std::memcmp(&want[i], &got[i], sizeof(float)) != 0;
+      wrong += std::bit_cast<uint32_t>(want[i]) != std::bit_cast<uint32_t>(got[i]);
     }
     compared += static_cast<int>(want.size());
   }
