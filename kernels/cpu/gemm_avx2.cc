@@ -263,6 +263,21 @@ void RoundBf16ChainOrderAvx2(const float* x, int ldx, int m, int k, void* out) {
   }
 }
 
+void WidenBf16PanelAvx2(const void* panel, int k, float* out) {
+  const auto* pairs = static_cast<const __m256i*>(panel);
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int j = 0; j < k / 2; ++j) {
+    float* even = out + static_cast<long>(2 * j) * kGemmPanelWidth;  // Weights of k = 2j + 1.
+    float* odd = even + kGemmPanelWidth;                             // Weights of k = 2j.
+#pragma GCC unroll 4
+    for (int q = 0; q < kGemmPanelWidth / kLanes; ++q) {
+      const __m256i raw = _mm256_load_si256(pairs + j * (kGemmPanelWidth / kLanes) + q);
+      _mm256_store_ps(even + q * kLanes, _mm256_castsi256_ps(_mm256_and_si256(raw, high)));
+      _mm256_store_ps(odd + q * kLanes, _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16)));
+    }
+  }
+}
+
 void GemmPanelAvx2(const float* x, int ldx, int m, const void* panel, const float*, int k,
                    const float* bias, float* y, int ldy, int cols, const void* prefetch,
                    int prefetch_lines) {

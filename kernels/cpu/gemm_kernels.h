@@ -89,6 +89,13 @@ void GemmPanelInt8Portable(const float* x, int ldx, int m, const void* panel, co
                            int k, const float* bias, float* y, int ldy, int cols,
                            const void* prefetch, int prefetch_lines);
 
+// Widens a bf16 panel of k steps (k even: k / 2 rows of 32 pair dwords) into k × 32
+// float32 in the chain's order (step i holds the weights of k = i ^ 1), exactly. The
+// float32 kernels on that, with chain-order activations and under WithDenormalsFlushed,
+// run the bf16 FMA kernels' chains: the same bits. GemmPackedAs uses it at the AVX2 level
+// (gemm.cc says why only there).
+void WidenBf16PanelAvx2(const void* panel, int k, float* out);
+
 // bfloat16 bits of `f`, rounded to nearest even; a denormal becomes a zero of its sign
 // and a NaN a quiet NaN (what vcvtne2ps2bf16 does).
 uint16_t ToBf16(float f);
