@@ -188,15 +188,15 @@ struct Kernels {
   // what rounds them into that layout (a vector version of RoundBf16Activations).
   internal::Bf16Activations bf16_activations = internal::Bf16Activations::kChainOrder;
   void (*round_bf16)(const float* x, int ldx, int m, int k, void* out) = nullptr;
-  // Where set, bf16 GEMMs of several row tiles widen each panel once for the float32
-  // kernel (GemmPackedAs). The AVX2 level only: there each 6-row pass widens the weights
-  // it loads again, and once per chunk ran the `small` model's 48 layer GEMMs (2 threads,
-  // a Zen 4 at the AVX2 level, one process) at m = 512 in 421 instead of 603 ms, m = 64
-  // 54 vs 72, m = 16 17 vs 19. The AVX-512 FMA kernel widens two registers per 24 FMAs,
-  // on pipes the FMAs do not use on that Zen 4: there once per chunk was no faster
-  // (m = 512 386 vs 392 ms) or slower (m = 16 15.6 vs 13.1 ms, the extra pass over the
-  // panels unamortized). Not measured on an Intel core, whose vector logic shares the
-  // FMAs' ports.
+  // Where set (a level whose bf16 activations are in chain order), bf16 GEMMs of several
+  // row tiles widen each panel once for the float32 kernel (GemmPackedAs). The AVX2 level
+  // only: there each 6-row pass widens the weights it loads again, and once per chunk ran
+  // the `small` model's 48 layer GEMMs (2 threads, a Zen 4 at the AVX2 level, one
+  // process) at m = 512 in 421 instead of 603 ms, m = 64 54 vs 72, m = 16 17 vs 19. The
+  // AVX-512 FMA kernel widens two registers per 24 FMAs, on pipes the FMAs do not use on
+  // that Zen 4: there once per chunk was no faster (m = 512 386 vs 392 ms) or slower
+  // (m = 16 15.6 vs 13.1 ms, the extra pass over the panels unamortized). Not measured on
+  // an Intel core, whose vector logic shares the FMAs' ports.
   void (*widen_bf16)(const void* panel, int k, float* out) = nullptr;
 };
 
@@ -468,9 +468,8 @@ void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, con
   // once instead, into float32 in the chain's order (exact), and the float32 kernel runs
   // the row tiles on that under FTZ/DAZ: the same FMAs on the same values in the same
   // order, so the same bits as with one row tile.
-  const bool widen = w.type == CpuWeightDtype::kBf16 && kernels.widen_bf16 != nullptr &&
-                     kernels.bf16_activations == internal::Bf16Activations::kChainOrder &&
-                     row_tiles > 1;
+  const bool widen =
+      w.type == CpuWeightDtype::kBf16 && kernels.widen_bf16 != nullptr && row_tiles > 1;
   const GemmPanelKernel kernel = widen                             ? kernels.f32
                                  : w.type == CpuWeightDtype::kBf16 ? kernels.bf16
                                  : w.type == CpuWeightDtype::kInt8 ? kernels.int8
