@@ -40,10 +40,13 @@ void ChunkScores(const TileState<T>& st, int row0, __m256 s[][2]) {
   for (int r = 0; r < R; ++r) {
     even[r][0] = even[r][1] = odd[r][0] = odd[r][1] = _mm256_setzero_ps();
   }
+  LineRun next_k = *st.next_k;  // In registers over the loop.
   for (int i = 0; i < st.d; i += 2) {
     const T* k0 = st.kt + static_cast<size_t>(i) * st.kt_stride;
     const T* k1 = k0 + st.kt_stride;
     const __m256 k0lo = Load8(k0), k0hi = Load8(k0 + kLanes);
+    next_k.Issue();  // One line per 16 positions of a coordinate loaded.
+    next_k.Issue();
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(q[r] + i);
@@ -58,6 +61,7 @@ void ChunkScores(const TileState<T>& st, int row0, __m256 s[][2]) {
       odd[r][1] = _mm256_fmadd_ps(a, k1hi, odd[r][1]);
     }
   }
+  *st.next_k = next_k;
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     s[r][0] = _mm256_add_ps(even[r][0], odd[r][0]);
@@ -68,6 +72,7 @@ void ChunkScores(const TileState<T>& st, int row0, __m256 s[][2]) {
 // acc_r = acc_r · alpha_r + Σ_{j<n} p_r[j] · V_j, j ascending, for R rows.
 template <typename T, int R>
 void ChunkPv(const TileState<T>& st, int row0, int n) {
+  LineRun next_v = *st.next_v;
   for (int c = 0; c < st.d; c += kLanes) {
     __m256 acc[R];
 #pragma GCC unroll 4
@@ -77,6 +82,7 @@ void ChunkPv(const TileState<T>& st, int row0, int n) {
     }
     for (int j = 0; j < n; ++j) {
       const __m256 v = Load8(st.v_rows[j] + c);
+      next_v.Issue();
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(st.p + (row0 + r) * kAttentionChunk + j), v,
@@ -86,6 +92,7 @@ void ChunkPv(const TileState<T>& st, int row0, int n) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) _mm256_store_ps(st.acc_rows[row0 + r] + c, acc[r]);
   }
+  *st.next_v = next_v;
 }
 
 // Lanes [0, valid) of 8, as a float mask.

@@ -47,15 +47,19 @@ void ChunkScores(const TileState<T>& st, int row0, __m512* s) {
     even[r] = _mm512_setzero_ps();
     odd[r] = _mm512_setzero_ps();
   }
+  LineRun next_k = *st.next_k;  // In registers over the loop.
   for (int i = 0; i < st.d; i += 2) {
     const __m512 k0 = Load16(st.kt + static_cast<size_t>(i) * st.kt_stride);
     const __m512 k1 = Load16(st.kt + static_cast<size_t>(i + 1) * st.kt_stride);
+    next_k.Issue();
+    next_k.Issue();
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       even[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][i]), k0, even[r]);
       odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][i + 1]), k1, odd[r]);
     }
   }
+  *st.next_k = next_k;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) s[r] = _mm512_add_ps(even[r], odd[r]);
 }
@@ -63,6 +67,7 @@ void ChunkScores(const TileState<T>& st, int row0, __m512* s) {
 // acc_r = acc_r · alpha_r + Σ_{j<n} p_r[j] · V_j, j ascending, for R rows.
 template <typename T, int R>
 void ChunkPv(const TileState<T>& st, int row0, int n) {
+  LineRun next_v = *st.next_v;
   for (int c = 0; c < st.d; c += kLanes) {
     __m512 acc[R];
 #pragma GCC unroll 8
@@ -72,6 +77,7 @@ void ChunkPv(const TileState<T>& st, int row0, int n) {
     }
     for (int j = 0; j < n; ++j) {
       const __m512 v = Load16(st.v_rows[j] + c);
+      next_v.Issue();
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(st.p[(row0 + r) * kLanes + j]), v, acc[r]);
@@ -80,6 +86,7 @@ void ChunkPv(const TileState<T>& st, int row0, int n) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) _mm512_store_ps(st.acc_rows[row0 + r] + c, acc[r]);
   }
+  *st.next_v = next_v;
 }
 
 // Rows [row0, row0 + R) against the chunk at position `chunk_pos` holding n positions;

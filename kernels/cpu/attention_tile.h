@@ -56,6 +56,31 @@ class AlignedBuffer {
   size_t capacity_ = 0;
 };
 
+// Lines at a fixed stride to prefetch into L2, one per Issue. The kernels issue the next
+// chunk's K lines one per K load and its V lines one per V load, so they stream in while
+// the current chunk computes. In a decode step the K/V come from memory (the weights went
+// through the caches since the layer's last step); on a Zen 4 the kernel read them there
+// at half the rate of a plain read of the same lines whether the next chunk was
+// prefetched all at once at the chunk's start (into L1 or L2, 1 to 8 chunks ahead) or
+// one line per load into L1; one line per load into L2 reads them at the plain read's
+// rate (docs/cpu-attention.md). A full chunk makes at least as many vector loads as the
+// next chunk has lines; what a shorter one leaves goes out after it.
+struct LineRun {
+  const char* next = nullptr;
+  const char* end = nullptr;
+  ptrdiff_t step = 64;
+
+  void Issue() {
+    if (next < end) {
+      _mm_prefetch(next, _MM_HINT_T1);
+      next += step;
+    }
+  }
+  void IssueRest() {
+    while (next < end) Issue();
+  }
+};
+
 // One tile's state while it walks its sequence's chunks. T: the cache's element, float
 // or bf16 bits (uint16_t), widened to float32 exactly as it is loaded.
 template <typename T>
@@ -77,6 +102,9 @@ struct TileState {
   float* m = nullptr;
   // [rows]: factor that rescales the row's sums from the old max to the new one.
   float* alpha = nullptr;
+  // The next chunk's K and V lines, issued as the loops load this chunk's (LineRun).
+  LineRun* next_k = nullptr;
+  LineRun* next_v = nullptr;
 
   // Positions of the chunk at chunk_pos (holding n) that row `row` attends to: at least 1.
   int RowPositions(int row, int chunk_pos, int n) const {
@@ -146,8 +174,8 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
   st.acc_rows = acc_rows.data();
 
   // Where the current and the next chunk are (the next one is prefetched while the
-  // current one computes: decode reads K/V from beyond L2). Per position: its V row, and
-  // the start of its K column (coordinate c at + c * block_size).
+  // current one computes: decode reads K/V from memory). Per position: its V row, and the
+  // start of its K column (coordinate c at + c * block_size).
   const T* k_cache = static_cast<const T*>(args.k_cache);
   const T* v_cache = static_cast<const T*>(args.v_cache);
   const T* k_cols[2][kChunk];
@@ -165,27 +193,33 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
       }
     }
   };
-  constexpr int kPerLine = 64 / sizeof(T);
-  const int coords_per_line = std::max(1, kPerLine / block_size);
+  // A chunk in a block of whole chunks: its keys are coordinate c's 16 positions at
+  // + c * block_size (contiguous over c with blocks of 16), its values 16 rows together.
+  // A chunk spanning blocks (block_size not a multiple of 16) is left to the hardware.
+  LineRun next_k, next_v;
+  st.next_k = &next_k;
+  st.next_v = &next_v;
+  const ptrdiff_t coord_bytes = static_cast<ptrdiff_t>(block_size) * sizeof(T);
+  auto queue_chunk = [&](int chunk_pos) {
+    const size_t base = layout.HeadBase(table[chunk_pos / block_size], tile.kv_head);
+    const int offset = chunk_pos % block_size;
+    const char* k = reinterpret_cast<const char*>(k_cache + base + offset);
+    next_k.next = k;
+    next_k.step = std::max<ptrdiff_t>(64, coord_bytes);
+    next_k.end = k + (coord_bytes <= 64 ? d * coord_bytes : d * next_k.step);
+    const char* v = reinterpret_cast<const char*>(v_cache + base + static_cast<size_t>(offset) * d);
+    next_v.next = v;
+    next_v.end = v + static_cast<ptrdiff_t>(std::min(kChunk, last_pos - chunk_pos + 1)) * d *
+                         static_cast<ptrdiff_t>(sizeof(T));
+  };
   locate(0, 0);
   for (int chunk_pos = 0, cur = 0; chunk_pos <= last_pos; chunk_pos += kChunk, cur ^= 1) {
     const int n = std::min(kChunk, last_pos - chunk_pos + 1);
     const int next_pos = chunk_pos + kChunk;
+    next_k = next_v = LineRun{};
     if (next_pos <= last_pos) {
       locate(next_pos, cur ^ 1);
-      const int next_n = std::min(kChunk, last_pos - next_pos + 1);
-      if (direct) {
-        // Each coordinate's 16 positions: one line, or with bf16 and blocks of 16, half.
-        for (int c = 0; c < d; c += coords_per_line) {
-          _mm_prefetch(reinterpret_cast<const char*>(k_cols[cur ^ 1][0] + c * block_size),
-                       _MM_HINT_T0);
-        }
-      }
-      for (int j = 0; j < next_n; ++j) {
-        for (int c = 0; c < d; c += kPerLine) {
-          _mm_prefetch(reinterpret_cast<const char*>(v_rows[cur ^ 1][j] + c), _MM_HINT_T0);
-        }
-      }
+      if (direct) queue_chunk(next_pos);
     }
     st.v_rows = v_rows[cur];
     // Lanes past the chunk's end (n < 16) hold whatever the cache holds there, even NaN:
@@ -205,6 +239,8 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
     for (int row0 = first_row; row0 < rows; row0 += Isa::kMaxBlockRows) {
       Isa::ProcessRowBlock(st, row0, std::min(Isa::kMaxBlockRows, rows - row0), chunk_pos, n);
     }
+    next_k.IssueRest();  // What the loops did not get to.
+    next_v.IssueRest();
   }
 
   for (int row = 0; row < rows; ++row) {
