@@ -19,8 +19,14 @@ if [ ! -f "$model/config.json" ]; then
 fi
 
 [ "${SKIP_INSTALL:-0}" = 1 ] || scripts/install-deps.sh
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVEYOR_CUDA=OFF \
-  -DCONVEYOR_BUILD_TESTS=OFF -DCONVEYOR_BUILD_BENCH=OFF >/dev/null
+# A fresh build directory gets the lean configuration; an existing one (say the tests')
+# keeps its options: the demo only needs the three binaries below.
+if [ -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" >/dev/null
+else
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVEYOR_CUDA=OFF \
+    -DCONVEYOR_BUILD_TESTS=OFF -DCONVEYOR_BUILD_BENCH=OFF >/dev/null
+fi
 ninja -C "$build" -j "$(nproc)" conveyor-worker conveyor-scheduler conveyor-cli
 
 pids=()
