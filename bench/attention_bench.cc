@@ -1,7 +1,7 @@
-// attention_bench: the CPU paged-attention kernel alone, one thread, per instruction level,
-// on decode and prefill shapes of the `small` and Llama-3-8B models, with the K/V bytes a
-// call reads and the rate it reads them at (decode attention reads every position's K and
-// V once per KV head: it should run at memory speed, not at shuffle speed).
+// attention_bench: the CPU paged-attention kernel alone (one thread unless --threads), per
+// instruction level, on decode and prefill shapes of the `small` and Llama-3-8B models, with the
+// K/V bytes a call reads and the rate it reads them at (decode attention reads every position's K
+// and V once per KV head: it should run at memory speed, not at shuffle speed).
 //
 // By default one call's K/V stay in the caches between repetitions, which measures the
 // kernel's arithmetic. `--cold` gives each repetition its own copy of the K/V, enough

@@ -205,8 +205,8 @@ void RunAttentionTile(const AttentionArgs& args, const AttentionTile& tile) {
     const int offset = chunk_pos % block_size;
     const char* k = reinterpret_cast<const char*>(k_cache + base + offset);
     next_k.next = k;
-    next_k.step = std::max<ptrdiff_t>(64, coord_bytes);
-    next_k.end = k + (coord_bytes <= 64 ? d * coord_bytes : d * next_k.step);
+    next_k.step = std::max<ptrdiff_t>(64, coord_bytes);  // A line, or one per coordinate.
+    next_k.end = k + d * coord_bytes;
     const char* v = reinterpret_cast<const char*>(v_cache + base + static_cast<size_t>(offset) * d);
     next_v.next = v;
     next_v.end = v + static_cast<ptrdiff_t>(std::min(kChunk, last_pos - chunk_pos + 1)) * d *
