@@ -64,6 +64,11 @@ class Device {
 
   // Whether decode steps should run as captured graphs (LlamaModel::EnableDecodeGraphs).
   virtual bool decode_graphs() const { return false; }
+
+  // Whether a forward pass keeps the host's CPU cores busy (rather than waiting on an
+  // accelerator). The scheduler then plans each step after the last one's answer by
+  // default: work it overlapped with a step would take those cores from it.
+  virtual bool computes_on_host_cores() const { return false; }
 };
 
 }  // namespace conveyor::model

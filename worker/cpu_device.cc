@@ -60,6 +60,7 @@ class CpuDevice final : public model::Device {
   explicit CpuDevice(const CpuDeviceOptions& options) : options_(options) {}
 
   std::string_view name() const override { return "cpu"; }
+  bool computes_on_host_cores() const override { return true; }
 
   absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const ModelConfig& model) override {
     const kernels::CpuWeightDtype dtype =

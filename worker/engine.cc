@@ -243,7 +243,39 @@ void StepEngine::BuildBatch(const std::vector<Scheduled>& scheduled) {
   }
 }
 
+absl::Status StepEngine::CheckOrder(const v1::StepRequest& request) const {
+  const uint64_t id = request.step_id();
+  const uint64_t previous = request.previous_step_id();
+  if (id != 0 && id < last_step_id_) {
+    return absl::AbortedError(absl::StrCat("step ", id, " arrived after step ", last_step_id_,
+                                           " was handled; steps run in the order of their ids"));
+  }
+  if (previous == 0) return absl::OkStatus();
+  if (previous != last_step_id_) {
+    return absl::AbortedError(absl::StrCat("step ", id, " was built on step ", previous,
+                                           ", but the last step this worker handled is ",
+                                           last_step_id_));
+  }
+  if (!last_step_ok_) {
+    return absl::AbortedError(absl::StrCat("step ", id, " was built on step ", previous,
+                                           ", which did not run here (refused or failed)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* response) {
+  absl::Status status = CheckOrder(request);
+  if (status.ok()) status = RunStep(request, response);
+  // A step refused for its order counts as handled too (not as run), so that one built on
+  // it is refused at once rather than left waiting. A late one changes nothing.
+  if (request.step_id() >= last_step_id_) {
+    last_step_id_ = request.step_id();
+    last_step_ok_ = status.ok();
+  }
+  return status;
+}
+
+absl::Status StepEngine::RunStep(const v1::StepRequest& request, v1::StepResponse* response) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<Scheduled> scheduled;
   RETURN_IF_ERROR(Validate(request, &scheduled));

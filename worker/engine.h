@@ -44,7 +44,9 @@ class StepEngine {
   // `model` and `cache` must outlive the engine.
   StepEngine(model::LlamaModel* model, model::KvCache* cache, const Options& options);
 
-  // Runs one step. On error nothing changed.
+  // Runs one step. On error nothing changed. A step that names a previous_step_id runs
+  // only right after that step ran (ABORTED otherwise), and one whose id is below the
+  // last step's arrived too late (ABORTED): the scheduler may have two steps in flight.
   absl::Status Step(const v1::StepRequest& request, v1::StepResponse* response);
 
   // Samples where the logits are from now on (steps of more rows than it takes copy
@@ -53,8 +55,16 @@ class StepEngine {
     device_sampler_ = std::move(sampler);
   }
 
-  // Forgets every sequence (a restarted scheduler starts from a clean slate).
-  void Reset() { ClearSequences(); }
+  // Forgets every sequence and step (a restarted scheduler starts from a clean slate).
+  void Reset() {
+    ClearSequences();
+    last_step_id_ = 0;
+    last_step_ok_ = false;
+  }
+
+  // The highest step id handled since the engine was made or Reset (0: none), whether the
+  // step that brought it ran or was refused. A step built on it may run once it is here.
+  uint64_t last_step_id() const { return last_step_id_; }
 
   // Whether a step failed on the device (INTERNAL, naming the operation) or lost a
   // tensor-parallel peer (UNAVAILABLE). Either is sticky (a faulted backend, a broken
@@ -99,6 +109,11 @@ class StepEngine {
   void EraseSequence(uint64_t seq_id);
   void ClearSequences();
   void BuildBatch(const std::vector<Scheduled>& scheduled);
+  // Step without the ordering bookkeeping.
+  absl::Status RunStep(const v1::StepRequest& request, v1::StepResponse* response);
+  // ABORTED unless `request` may run now: after its previous_step_id, which ran; not
+  // behind a later step.
+  absl::Status CheckOrder(const v1::StepRequest& request) const;
 
   model::LlamaModel* model_;
   model::KvCache* cache_;
@@ -108,6 +123,8 @@ class StepEngine {
   std::unordered_map<uint64_t, Sequence> sequences_;
   std::vector<int32_t> block_refs_;  // [num_blocks]: live sequences whose table holds it.
   uint64_t steps_executed_ = 0;
+  uint64_t last_step_id_ = 0;
+  bool last_step_ok_ = false;  // Whether step last_step_id_ ran.
   bool device_failed_ = false;
   LogitsTap* logits_tap_ = nullptr;
 

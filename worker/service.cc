@@ -154,6 +154,8 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   response->set_kv_cache_bytes(cache->size_bytes());
   response->set_load_time_ms(load_ms);
   response->set_backend(backend->name());
+  response->set_orders_steps(true);
+  response->set_computes_on_host_cores(device_->computes_on_host_cores());
   spdlog::info(
       "loaded {} ({} layers, {} parameters; rank {} of {}) on {} in {:.0f} ms; KV "
       "cache: {} blocks of {} tokens ({} MiB)",
@@ -193,6 +195,7 @@ absl::StatusOr<std::string> WorkerService::CreateCollectiveIdLocked() {
 }
 
 void WorkerService::UnloadLocked() {
+  step_done_.notify_all();  // A step waiting for another finds no model now.
   engine_.reset();
   cache_.reset();
   model_.reset();
@@ -253,22 +256,51 @@ grpc::Status WorkerService::Init(grpc::ServerContext* context, const v1::InitReq
   return ToGrpcStatus(status);
 }
 
+absl::Status WorkerService::CheckInitializedLocked() const {
+  if (engine_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      unload_reason_.ok()
+          ? std::string("worker is not initialised; call Init first")
+          : absl::StrCat("worker is not initialised (its model was unloaded after: ",
+                         unload_reason_.message(), "); call Init again"));
+}
+
+absl::Status WorkerService::AwaitPreviousStepLocked(std::unique_lock<std::mutex>& lock,
+                                                    const grpc::ServerContext& context,
+                                                    const v1::StepRequest& request) {
+  const uint64_t previous = request.previous_step_id();
+  // Checked now and then rather than woken for: gRPC has no callback for a cancelled call
+  // into a synchronous handler.
+  constexpr auto kPoll = std::chrono::milliseconds(20);
+  while (engine_ != nullptr && engine_->last_step_id() < previous) {
+    if (context.IsCancelled()) {
+      return absl::CancelledError(absl::StrCat(
+          "step ", request.step_id(), " was cancelled while it waited for step ", previous));
+    }
+    if (std::chrono::system_clock::now() >= context.deadline()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", request.step_id(), " waited for step ", previous, " until its deadline"));
+    }
+    step_done_.wait_for(lock, kPoll);
+  }
+  return CheckInitializedLocked();  // The model goes if the step before failed on the device.
+}
+
 grpc::Status WorkerService::Step(grpc::ServerContext* context, const v1::StepRequest* request,
                                  v1::StepResponse* response) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/false, /*allow_unbound=*/true);
       !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  if (engine_ == nullptr) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        unload_reason_.ok()
-                            ? std::string("worker is not initialised; call Init first")
-                            : absl::StrCat("worker is not initialised (its model was unloaded "
-                                           "after: ",
-                                           unload_reason_.message(), "); call Init again"));
+  if (absl::Status ready = CheckInitializedLocked(); !ready.ok()) return ToGrpcStatus(ready);
+  // Two calls in flight may take the lock in either order: the later step waits here for
+  // the one it was built on.
+  if (absl::Status ready = AwaitPreviousStepLocked(lock, *context, *request); !ready.ok()) {
+    return ToGrpcStatus(ready);
   }
   const absl::Status status = engine_->Step(*request, response);
+  step_done_.notify_all();
   if (engine_->device_failed()) {
     // The backend's error is sticky (a faulted CUDA context computes nothing more), and
     // so is a communicator that lost a peer: free it all, so that Health says so and the

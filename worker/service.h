@@ -73,6 +73,13 @@ class WorkerService final : public v1::Worker::Service {
   absl::StatusOr<std::string> CreateCollectiveIdLocked();
   // Frees the model and everything built with it (after a device error).
   void UnloadLocked();
+  // FAILED_PRECONDITION, saying why, if no model is loaded.
+  absl::Status CheckInitializedLocked() const;
+  // Waits (releasing `lock`) until the step `request` was built on has been handled, the
+  // call is cancelled or its deadline passes.
+  absl::Status AwaitPreviousStepLocked(std::unique_lock<std::mutex>& lock,
+                                       const grpc::ServerContext& context,
+                                       const v1::StepRequest& request);
   // OK if the call comes from the scheduler this worker serves (renewing the binding);
   // with `claim`, binds a free worker to the caller; with `allow_unbound`, lets any
   // identified caller through to a worker nobody bound yet. PERMISSION_DENIED otherwise.
@@ -101,6 +108,7 @@ class WorkerService final : public v1::Worker::Service {
   std::chrono::steady_clock::time_point last_contact_;
   bool shutdown_requested_ = false;
   std::condition_variable shutdown_cv_;
+  std::condition_variable step_done_;  // A step was handled (or the model unloaded).
 };
 
 }  // namespace conveyor::worker

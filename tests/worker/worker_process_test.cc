@@ -6,6 +6,7 @@
 #include <csignal>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -159,6 +160,89 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
     ASSERT_TRUE(stub_->Shutdown(&context, request, &response).ok());
   }
   EXPECT_EQ(process_->Wait(20s), 0);
+}
+
+// The scheduler sends a step before the answer to the one before it, and two calls in
+// flight may reach the worker in either order: each runs right after the step it was
+// built on (previous_step_id), and one built on a refused step is refused too.
+TEST_F(WorkerProcessTest, RunsEachStepAfterTheOneItWasBuiltOnWhicheverArrivesFirst) {
+  v1::InitRequest init_request;
+  init_request.set_model_path(TestModelDir("llama3_gqa"));
+  init_request.set_block_size(16);
+  init_request.set_kv_cache_bytes(8 << 20);
+  v1::InitResponse init;
+  {
+    SchedulerContext context;
+    ASSERT_TRUE(stub_->Init(&context, init_request, &init).ok());
+  }
+  EXPECT_TRUE(init.orders_steps());
+  const Reference ref = LoadReference("llama3_gqa");
+  const std::vector<int32_t>& prompt = ref.prompts.back();
+  ASSERT_GE(ref.greedy.back().size(), 3u);
+
+  // Steps 1 (the prompt), 2 and 3 (decodes), sent 3, 2, 1.
+  std::vector<v1::StepRequest> steps(3);
+  auto* seq = steps[0].add_new_sequences();
+  seq->set_seq_id(7);
+  seq->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+  seq->set_num_tokens(static_cast<int>(prompt.size()));
+  for (int b = 0; b * 16 < static_cast<int>(prompt.size()) + 3; ++b) seq->add_block_ids(b);
+  for (int i = 0; i < 3; ++i) {
+    steps[i].set_step_id(i + 1);
+    if (i > 0) {
+      steps[i].set_previous_step_id(i);
+      steps[i].add_running()->set_seq_id(7);
+      steps[i].mutable_running(0)->set_num_tokens(1);
+    }
+  }
+  std::vector<v1::StepResponse> responses(3);
+  std::vector<grpc::Status> statuses(3);
+  std::vector<std::thread> senders;
+  for (int i = 2; i >= 0; --i) {
+    senders.emplace_back([&, i] { statuses[i] = Call(steps[i], &responses[i]); });
+    std::this_thread::sleep_for(100ms);  // Each waits in the worker before the next is sent.
+  }
+  for (std::thread& t : senders) t.join();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << "step " << i + 1 << ": " << statuses[i].error_message();
+    ASSERT_EQ(responses[i].tokens_size(), 1);
+    EXPECT_EQ(responses[i].tokens(0).token_id(), ref.greedy.back()[i]) << "step " << i + 1;
+  }
+
+  v1::StepRequest bad;  // Step 4 names an unknown sequence: refused...
+  bad.set_step_id(4);
+  bad.set_previous_step_id(3);
+  bad.add_running()->set_seq_id(12345);
+  bad.mutable_running(0)->set_num_tokens(1);
+  v1::StepRequest after_bad = steps[2];  // ...so step 5, a good step built on it, is too.
+  after_bad.set_step_id(5);
+  after_bad.set_previous_step_id(4);
+  v1::StepResponse unused;
+  EXPECT_EQ(Call(bad, &unused).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const grpc::Status aborted = Call(after_bad, &unused);
+  EXPECT_EQ(aborted.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_NE(aborted.error_message().find("step 4"), std::string::npos) << aborted.error_message();
+  const grpc::Status late = Call(steps[1], &unused);  // Step 2 again: behind step 5.
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::ABORTED) << late.error_message();
+
+  // A step whose predecessor never comes waits until its call's deadline.
+  v1::StepRequest orphan = steps[2];
+  orphan.set_step_id(9);
+  orphan.set_previous_step_id(8);
+  SchedulerContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 300ms);
+  EXPECT_EQ(stub_->Step(&context, orphan, &unused).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  // A reset step needs no predecessor, and the worker serves on.
+  v1::StepRequest reset = steps[0];
+  reset.set_step_id(10);
+  reset.set_reset(true);
+  v1::StepResponse first;
+  const grpc::Status status = Call(reset, &first);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(first.tokens_size(), 1);
+  EXPECT_EQ(first.tokens(0).token_id(), ref.greedy.back()[0]);
 }
 
 TEST_F(WorkerProcessTest, InitErrorsNameTheProblem) {
