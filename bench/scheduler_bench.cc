@@ -317,6 +317,8 @@ void BM_EngineIteration(benchmark::State& state, int num_seqs) {
   engine_options.enable_prefix_caching = true;
   engine_options.max_queue = num_seqs + 16;
   engine_options.max_context_tokens = limits.max_context_tokens;
+  // Each Step returns before the next one is planned: the interval is the loop's own work.
+  engine_options.max_steps_in_flight = 1;
 
   prometheus::Registry registry;
   std::unique_ptr<scheduler::SchedulerMetrics> metrics;

@@ -16,6 +16,7 @@ StepPlan ContinuousPolicy::Plan(RequestPool& pool, Clock::time_point) {
        i < end && budget > 0 && static_cast<int>(plan.sequences.size()) < limits_.max_num_seqs;
        ++i) {
     Request* r = running[i];
+    if (r->last_token_in_flight()) continue;  // Holds its blocks until the answer comes.
     const int n = std::min(r->num_uncomputed(), budget);
     bool scheduled = true;
     while (!blocks.EnsureCapacity(r->blocks, r->num_computed + n)) {
@@ -43,8 +44,8 @@ StepPlan ContinuousPolicy::Plan(RequestPool& pool, Clock::time_point) {
 }
 
 bool ContinuousPolicy::TryAdmit(RequestPool& pool, int* budget, StepPlan* plan) {
-  if (pool.waiting().empty()) return false;
-  Request* r = pool.waiting().front();
+  Request* r = pool.NextToAdmit();
+  if (r == nullptr) return false;
   BlockManager& blocks = pool.blocks();
   BlockManager::PrefixMatch match = blocks.AcquirePrefix(r->tokens);
   const int n = std::min(r->num_tokens() - match.num_cached_tokens, *budget);

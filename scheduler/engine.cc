@@ -174,7 +174,7 @@ void Engine::Loop() {
   last_worker_contact_ = Clock::now();
   for (;;) {
     dispatcher_.Post();  // What the last iteration streamed goes out while this one runs.
-    const bool wait = idle || recovering_;
+    const bool wait = (idle && in_flight_.empty()) || recovering_;
     if (!TakeInbox(wait, wait ? NextWake() : Clock::time_point())) break;
     const Clock::time_point start = Clock::now();
     ExpireDeadlines(start);
@@ -185,34 +185,30 @@ void Engine::Loop() {
         continue;
       }
     }
-    StepPlan plan = policy_->Plan(pool_, start);
-    for (Request* r : plan.released) Retire(r);
-    for (Request* r : plan.preempted) {
-      encoder_.Drop(r->id);
-      ++counters_.preemptions;
-    }
-    if (metrics_ != nullptr && !plan.preempted.empty()) {
-      metrics_->AddPreemptions(static_cast<int>(plan.preempted.size()));
-    }
-    idle = plan.empty();
-    if (!idle) {
-      MarkScheduled(plan);
-      const worker::v1::StepRequest step = encoder_.Encode(plan);
-      dispatcher_.Post();  // Cancellations and deadlines taken above.
-      absl::StatusOr<worker::v1::StepResponse> response = executor_->Step(step);
-      last_worker_contact_ = Clock::now();
-      if (response.ok()) {
-        ApplyStep(plan, *response);
-      } else if (IsWorkerFailure(response.status())) {
-        OnWorkerFailure(response.status(), &plan);
-      } else {
-        FailStep(plan, response.status());
+    bool launched = false;
+    if (static_cast<int>(in_flight_.size()) < options_.max_steps_in_flight) {
+      StepPlan plan = policy_->Plan(pool_, start);
+      for (Request* r : plan.released) Retire(r);
+      for (Request* r : plan.preempted) {
+        encoder_.Drop(r->id);
+        ++counters_.preemptions;
       }
-      if (metrics_ != nullptr) {
-        metrics_->ObserveStep(Seconds(Clock::now() - start), plan.num_tokens(), plan.batch_slots,
-                              plan.wasted_slots);
+      if (metrics_ != nullptr && !plan.preempted.empty()) {
+        metrics_->AddPreemptions(static_cast<int>(plan.preempted.size()));
+      }
+      if (!plan.empty()) {
+        Launch(plan, start);
+        launched = true;
       }
     }
+    // The oldest step's answer is next once the pipeline is full, or when nothing new
+    // could be sent (its answer may free blocks or make a preempted request admissible).
+    const bool had_in_flight = !in_flight_.empty();
+    if (had_in_flight &&
+        (!launched || static_cast<int>(in_flight_.size()) >= options_.max_steps_in_flight)) {
+      CompleteOldestStep();
+    }
+    idle = !launched && !had_in_flight;
     if (idle && start - last_worker_contact_ >= options_.idle_check_interval) {
       last_worker_contact_ = start;
       if (absl::Status alive = executor_->CheckAlive(std::chrono::seconds(1)); !alive.ok()) {
@@ -220,6 +216,14 @@ void Engine::Loop() {
       }
     }
     PublishStats();
+  }
+  if (!in_flight_.empty()) {
+    // Stopping: what the workers still compute is not wanted.
+    const InFlightStep oldest = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    oldest.call->Cancel();
+    oldest.call->Wait().IgnoreError();
+    AbandonInFlight(oldest);
   }
   if (recovery_thread_.joinable()) {
     executor_->CancelRecovery();
@@ -259,24 +263,105 @@ void Engine::MarkScheduled(const StepPlan& plan) {
   }
 }
 
-void Engine::ApplyStep(const StepPlan& plan, const worker::v1::StepResponse& response) {
-  // Before any token is streamed: a request that finishes below must be dropped from the
-  // workers, which now hold it.
-  encoder_.Committed(plan);
-  ++counters_.steps;
-  counters_.batch_slot_steps += plan.batch_slots;
-  counters_.wasted_slot_steps += plan.wasted_slots;
-  int prefill = 0;
+void Engine::Launch(const StepPlan& plan, Clock::time_point planned) {
+  MarkScheduled(plan);
+  const worker::v1::StepRequest step = encoder_.Encode(plan);
+  encoder_.Committed(plan);  // Before any of its requests can finish and be dropped.
+  InFlightStep flight;
+  flight.planned = planned;
+  flight.num_tokens = plan.num_tokens();
+  flight.batch_slots = plan.batch_slots;
+  flight.wasted_slots = plan.wasted_slots;
+  flight.sequences.reserve(plan.sequences.size());
   for (const ScheduledSequence& s : plan.sequences) {
     Request* r = s.request;
-    prefill += std::max(0, std::min(r->num_computed + s.num_tokens, r->num_prompt_tokens) -
-                               std::min(r->num_computed, r->num_prompt_tokens));
+    flight.prefill_tokens +=
+        std::max(0, std::min(r->num_computed + s.num_tokens, r->num_prompt_tokens) -
+                        std::min(r->num_computed, r->num_prompt_tokens));
     r->num_computed += s.num_tokens;
-    blocks_.CommitComputed(r->blocks, r->tokens, r->num_computed);
+    // It samples once its known tokens are computed (as the worker decides); the token
+    // is known when the answer comes.
+    if (r->num_computed == r->num_tokens()) {
+      r->tokens.push_back(kPendingToken);
+      ++r->num_pending_tokens;
+    }
+    flight.sequences.push_back({r->id, s.num_tokens, r->num_computed, r->residency});
   }
-  counters_.prefill_tokens += prefill;
+  dispatcher_.Post();  // Cancellations and deadlines taken this iteration.
+  // One step at a time, the executor's plain call (for one rank a blocking gRPC call,
+  // the cheapest round trip); else the call returns before the answer.
+  flight.call = options_.max_steps_in_flight > 1
+                    ? executor_->StartStep(step)
+                    : std::make_unique<FinishedStepCall>(executor_->Step(step));
+  in_flight_.push_back(std::move(flight));
+}
+
+void Engine::CompleteOldestStep() {
+  const InFlightStep step = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  absl::StatusOr<worker::v1::StepResponse> response = step.call->Wait();
+  last_worker_contact_ = Clock::now();
+  if (response.ok()) {
+    ApplyStep(step, *response);
+  } else {
+    AbandonInFlight(step);
+    if (IsWorkerFailure(response.status())) {
+      OnWorkerFailure(response.status(), &step);
+    } else {
+      FailStep(response.status());
+    }
+  }
+  const Clock::time_point done = Clock::now();
   if (metrics_ != nullptr) {
-    metrics_->AddPrefillTokens(prefill);
+    // Pipelined, a step's planning overlaps the step before it: its duration counts from
+    // that step's end, so that the durations add up to the loop's time.
+    metrics_->ObserveStep(Seconds(done - std::max(step.planned, last_step_done_)), step.num_tokens,
+                          step.batch_slots, step.wasted_slots);
+  }
+  last_step_done_ = done;
+}
+
+void Engine::AbandonInFlight(const InFlightStep& failed) {
+  for (InFlightStep& step : in_flight_) step.call->Cancel();
+  std::vector<const InFlightStep*> abandoned = {&failed};
+  for (InFlightStep& step : in_flight_) {
+    step.call->Wait().IgnoreError();  // Refused by the workers, or its answer unwanted.
+    abandoned.push_back(&step);
+  }
+  for (const InFlightStep* step : abandoned) {
+    for (const InFlightStep::Sequence& s : step->sequences) {
+      auto it = requests_.find(s.id);
+      if (it != requests_.end() && it->second->residency == s.residency) {
+        it->second->num_computed -= s.num_tokens;
+      }
+    }
+  }
+  in_flight_.clear();
+  // The tokens those steps were to sample will not come; a request recomputed later
+  // samples them again (the same ones: randomness depends on seed, sequence, position).
+  for (auto& [id, r] : requests_) {
+    r->tokens.resize(r->num_known_tokens());
+    r->num_pending_tokens = 0;
+  }
+}
+
+void Engine::ApplyStep(const InFlightStep& step, const worker::v1::StepResponse& response) {
+  ++counters_.steps;
+  counters_.batch_slot_steps += step.batch_slots;
+  counters_.wasted_slot_steps += step.wasted_slots;
+  for (const InFlightStep::Sequence& s : step.sequences) {
+    auto it = requests_.find(s.id);
+    if (it == requests_.end()) continue;  // Ended while the step ran.
+    Request* r = it->second.get();
+    // Preempted since it was planned, its blocks are gone; else its tokens up to this
+    // step's are known now, and their full blocks can be cached.
+    if (r->residency == s.residency) {
+      blocks_.CommitComputed(r->blocks, r->tokens, s.num_computed_after);
+    }
+  }
+  counters_.prefill_tokens += step.prefill_tokens;
+  if (metrics_ != nullptr) {
+    metrics_->AddPrefillTokens(step.prefill_tokens);
     metrics_->AddPrefixCacheLookups(blocks_.prefix_queries() - prefix_queries_seen_,
                                     blocks_.prefix_hits() - prefix_hits_seen_);
   }
@@ -284,17 +369,25 @@ void Engine::ApplyStep(const StepPlan& plan, const worker::v1::StepResponse& res
   prefix_hits_seen_ = blocks_.prefix_hits();
 
   const Clock::time_point now = Clock::now();
+  int discarded = 0;
   for (const worker::v1::SampledToken& token : response.tokens()) {
     auto it = requests_.find(token.seq_id());
-    if (it == requests_.end()) continue;  // Cannot happen: the worker echoes our ids.
+    if (it == requests_.end()) {
+      ++discarded;  // It stopped or was cancelled after this step was sent.
+      continue;
+    }
     Request* r = it->second.get();
-    r->tokens.push_back(token.token_id());
+    if (r->num_pending_tokens == 0) continue;  // Cannot happen: each sampler got one.
+    r->tokens[r->num_known_tokens()] = token.token_id();
+    --r->num_pending_tokens;
     // Padding members of a run-to-completion batch compute, but nobody listens.
     if (!r->done) OnToken(r, token, now);
   }
+  counters_.discarded_tokens += discarded;
+  if (metrics_ != nullptr && discarded > 0) metrics_->AddDiscardedTokens(discarded);
 }
 
-void Engine::FailStep(const StepPlan& plan, const absl::Status& status) {
+void Engine::FailStep(const absl::Status& status) {
   spdlog::error("step failed: {}", status.ToString());
   // What the workers hold is unknown now (a rejected step changed nothing, a crashed
   // worker forgot everything): end every running request, and make the next step start
@@ -318,7 +411,7 @@ bool Engine::IsWorkerFailure(const absl::Status& status) const {
   return status.code() != absl::StatusCode::kInvalidArgument && executor_->can_recover();
 }
 
-void Engine::OnWorkerFailure(const absl::Status& status, const StepPlan* plan) {
+void Engine::OnWorkerFailure(const absl::Status& status, const InFlightStep* step) {
   const Clock::time_point now = Clock::now();
   spdlog::error(
       "the model workers failed: {}; keeping {} running and {} waiting request(s) "
@@ -334,9 +427,9 @@ void Engine::OnWorkerFailure(const absl::Status& status, const StepPlan* plan) {
   // rather than risk the fault again. The others are recomputed once the workers are back.
   const bool device_error = status.code() == absl::StatusCode::kInternal;
   auto in_plan = [&](const Request* r) {
-    return plan != nullptr &&
-           std::any_of(plan->sequences.begin(), plan->sequences.end(),
-                       [&](const ScheduledSequence& s) { return s.request == r; });
+    return step != nullptr &&
+           std::any_of(step->sequences.begin(), step->sequences.end(),
+                       [&](const InFlightStep::Sequence& s) { return s.id == r->id; });
   };
   int resumed = 0;
   int64_t recompute_tokens = 0;
@@ -456,8 +549,8 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
     // "▁f" reads " f" mid-text, as streamed.
     std::optional<int32_t> anchor;
     std::string before;
-    for (size_t k = r->tokens.size() - 1;
-         k-- > 0 && r->tokens.size() - k <= kLogprobAnchorTokens;) {
+    const size_t known = r->num_known_tokens();
+    for (size_t k = known - 1; k-- > 0 && known - k <= kLogprobAnchorTokens;) {
       before = tokenizer_->Decode({r->tokens[k]});
       if (!before.empty() && ValidUtf8(before) == before &&
           before.find("\xEF\xBF\xBD") == std::string::npos) {

@@ -5,6 +5,11 @@
 // client is owed; a thread of its own writes that to the clients while the next step
 // runs (ResponseDispatcher).
 //
+// By default the next step is planned and sent while the last one runs, so the workers
+// never wait for the scheduler: the tokens a step in flight will sample are placeholders
+// (Request::kPendingToken) until its answer arrives, and a request that stops at step N
+// is computed once more in step N+1, its token discarded (docs/design.md).
+//
 // Other threads (the gRPC API) only Submit and Cancel; both are cheap and never block
 // on a step.
 #pragma once
@@ -12,6 +17,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -57,6 +63,10 @@ class Engine {
     // Called on the loop thread when the workers stop being ready (a failure) and when
     // they are ready again (health, metrics).
     std::function<void(bool ready)> on_workers_ready;
+    // Steps sent and not yet answered, at most: 1 plans each step once the last one's
+    // answer is in; 2 sends the next step while the last one runs (the executor's
+    // workers must run steps in previous_step_id order).
+    int max_steps_in_flight = 2;
   };
 
   // Counters for tests and logs (the Prometheus view is SchedulerMetrics).
@@ -68,6 +78,8 @@ class Engine {
     uint64_t finished = 0;
     uint64_t batch_slot_steps = 0;
     uint64_t wasted_slot_steps = 0;
+    // Tokens sampled for requests that had ended when the step's answer arrived.
+    uint64_t discarded_tokens = 0;
     int running = 0;
     int waiting = 0;
     int kv_blocks_used = 0;
@@ -110,16 +122,42 @@ class Engine {
   // Takes arrivals and cancellations; returns false when the loop must exit.
   bool TakeInbox(bool wait, Clock::time_point wake_at);
   void ExpireDeadlines(Clock::time_point now);
+  // A step sent to the workers whose answer is not applied yet: what the loop needs of
+  // its plan then. Requests are named by id, as one may end while the step runs.
+  struct InFlightStep {
+    struct Sequence {
+      uint64_t id = 0;
+      int num_tokens = 0;          // Computed by this step.
+      int num_computed_after = 0;  // The request's computed tokens once this step ran.
+      uint32_t residency = 0;      // Request::residency when planned.
+    };
+    std::vector<Sequence> sequences;
+    std::unique_ptr<StepCall> call;
+    Clock::time_point planned;  // When its planning began.
+    int num_tokens = 0;
+    int prefill_tokens = 0;
+    int batch_slots = 0;
+    int wasted_slots = 0;
+  };
+
   // Records when each of plan's requests is scheduled for the first time.
   void MarkScheduled(const StepPlan& plan);
-  void ApplyStep(const StepPlan& plan, const worker::v1::StepResponse& response);
-  void FailStep(const StepPlan& plan, const absl::Status& status);
+  // Sends `plan` as the next step. Its requests advance as if it had run: their computed
+  // tokens, and a pending token for each that samples.
+  void Launch(const StepPlan& plan, Clock::time_point planned);
+  // Waits for the oldest step in flight and applies its answer, or handles its failure.
+  void CompleteOldestStep();
+  // After a failed step: cancels and waits out the steps still in flight, and takes back
+  // what they and the failed one had advanced (computed tokens, pending tokens).
+  void AbandonInFlight(const InFlightStep& failed);
+  void ApplyStep(const InFlightStep& step, const worker::v1::StepResponse& response);
+  void FailStep(const absl::Status& status);
   // Whether a failed step or check means the workers must be recovered (rather than that
   // the scheduler sent a step they rejected).
   bool IsWorkerFailure(const absl::Status& status) const;
   // Keeps every running request for recompute (failing those that cannot go on) and
-  // starts recovering the workers. `plan` is the step that failed, if any.
-  void OnWorkerFailure(const absl::Status& status, const StepPlan* plan);
+  // starts recovering the workers. `step` is the step that failed, if any.
+  void OnWorkerFailure(const absl::Status& status, const InFlightStep* step);
   void StartRecovery();
   // Takes the recovery's result if it is in: resumes serving, or after the timeout fails
   // what was kept and tries again.
@@ -147,9 +185,11 @@ class Engine {
   BlockManager blocks_;
   RequestPool pool_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
-  StepEncoder encoder_;            // What the workers hold; every step goes through it.
-  ResponseDispatcher dispatcher_;  // Every message to a client goes through it.
-  Stats counters_;                 // Published to stats_ after each iteration.
+  StepEncoder encoder_;                 // What the workers hold; every step goes through it.
+  std::deque<InFlightStep> in_flight_;  // Oldest first.
+  Clock::time_point last_step_done_;    // When the last step's answer was applied.
+  ResponseDispatcher dispatcher_;       // Every message to a client goes through it.
+  Stats counters_;                      // Published to stats_ after each iteration.
   uint64_t prefix_queries_seen_ = 0;
   uint64_t prefix_hits_seen_ = 0;
   Clock::time_point last_worker_contact_;  // For the idle liveness check.

@@ -1,7 +1,9 @@
 // The real Engine loop over the scripted executor (tests/support/scripted_executor.h)
 // instead of a model: the steps it sends, the order it streams tokens in, how a failed
 // step ends the running requests and resets the workers, cancellation and preemption.
-// The end-to-end checks with the model are tests/scheduler/engine_test.cc.
+// Each test runs with one step in flight and with two (the next step sent before the
+// last one's answer). The end-to-end checks with the model are
+// tests/scheduler/engine_test.cc.
 #include "scheduler/engine.h"
 
 #include <chrono>
@@ -33,7 +35,8 @@ using ::testing::IsEmpty;
 
 constexpr int kBlockSize = 4;
 
-class EngineLoopTest : public ::testing::Test {
+// The parameter: Engine::Options::max_steps_in_flight.
+class EngineLoopTest : public ::testing::TestWithParam<int> {
  protected:
   static void SetUpTestSuite() { tokenizer_ = testing::TrainTestTokenizer(); }
   static void TearDownTestSuite() { tokenizer_.reset(); }
@@ -48,6 +51,7 @@ class EngineLoopTest : public ::testing::Test {
     PolicyOptions policy;
     policy.limits = {max_num_seqs, /*max_step_tokens=*/64};
     Engine::Options options;
+    options.max_steps_in_flight = GetParam();
     options.num_kv_blocks = num_blocks;
     options.block_size = kBlockSize;
     limits_.vocab_size = tokenizer_->vocab_size();
@@ -92,7 +96,7 @@ class EngineLoopTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 
-TEST_F(EngineLoopTest, TokensStreamInOrderAndTheLastMessageSaysWhy) {
+TEST_P(EngineLoopTest, TokensStreamInOrderAndTheLastMessageSaysWhy) {
   MakeEngine(64);
   uint64_t id = 0;
   auto sink = Submit({1, 40, 41, 42, 43}, 4, &id);
@@ -123,7 +127,7 @@ TEST_F(EngineLoopTest, TokensStreamInOrderAndTheLastMessageSaysWhy) {
   }
 }
 
-TEST_F(EngineLoopTest, EosAndStopStringsEndTheStream) {
+TEST_P(EngineLoopTest, EosAndStopStringsEndTheStream) {
   MakeEngine(64);
   uint64_t eos_id = 0, stop_id = 0;
   auto by_eos = Submit({1, 40}, 10, &eos_id);
@@ -140,7 +144,7 @@ TEST_F(EngineLoopTest, EosAndStopStringsEndTheStream) {
   EXPECT_EQ(by_stop->text_, "x");
 }
 
-TEST_F(EngineLoopTest, AFailedStepEndsTheRunningRequestsAndTheNextStepResetsTheWorkers) {
+TEST_P(EngineLoopTest, AFailedStepEndsTheRunningRequestsAndTheNextStepResetsTheWorkers) {
   MakeEngine(64, /*max_num_seqs=*/1);  // `second` waits while `first` runs.
   uint64_t first_id = 0, second_id = 0;
   auto first = Submit({1, 40, 41}, 100, &first_id);
@@ -157,19 +161,27 @@ TEST_F(EngineLoopTest, AFailedStepEndsTheRunningRequestsAndTheNextStepResetsTheW
   EXPECT_TRUE(second->status_.ok()) << second->status_;
   EXPECT_EQ(second->tokens_.size(), 3u);
 
+  // With two in flight, step 4 was sent on step 3's back and the executor refused it
+  // (ABORTED) as a worker does; it changed nothing.
   const std::vector<worker::v1::StepRequest> steps = executor_.requests();
-  ASSERT_GE(steps.size(), 5u);
+  const size_t reset_at = GetParam() == 1 ? 3 : 4;
+  ASSERT_GE(steps.size(), reset_at + 2);
   EXPECT_FALSE(steps[2].reset());
-  EXPECT_TRUE(steps[3].reset());  // The workers start from a clean slate...
-  EXPECT_THAT(steps[3].dropped_seq_ids(), IsEmpty());
-  EXPECT_THAT(steps[3].running(), IsEmpty());
-  ASSERT_EQ(steps[3].new_sequences_size(), 1);  // ...with the request that was waiting.
-  EXPECT_EQ(steps[3].new_sequences(0).seq_id(), second_id);
-  EXPECT_FALSE(steps[4].reset());
+  if (GetParam() == 2) {
+    EXPECT_FALSE(steps[3].reset());
+    EXPECT_EQ(steps[3].previous_step_id(), steps[2].step_id());
+  }
+  EXPECT_TRUE(steps[reset_at].reset());  // The workers start from a clean slate...
+  EXPECT_EQ(steps[reset_at].previous_step_id(), 0u);
+  EXPECT_THAT(steps[reset_at].dropped_seq_ids(), IsEmpty());
+  EXPECT_THAT(steps[reset_at].running(), IsEmpty());
+  ASSERT_EQ(steps[reset_at].new_sequences_size(), 1);  // ...with the request that waited.
+  EXPECT_EQ(steps[reset_at].new_sequences(0).seq_id(), second_id);
+  EXPECT_FALSE(steps[reset_at + 1].reset());
   EXPECT_TRUE(WaitStats([](const Engine::Stats& s) { return s.finished == 2; }));
 }
 
-TEST_F(EngineLoopTest, AStepTheWorkersRejectIsAnInternalErrorForTheClient) {
+TEST_P(EngineLoopTest, AStepTheWorkersRejectIsAnInternalErrorForTheClient) {
   MakeEngine(64);
   uint64_t id = 0;
   auto sink = Submit({1, 40, 41}, 100, &id);
@@ -181,7 +193,7 @@ TEST_F(EngineLoopTest, AStepTheWorkersRejectIsAnInternalErrorForTheClient) {
   EXPECT_THAT(std::string(sink->status_.message()), HasSubstr("too few blocks"));
 }
 
-TEST_F(EngineLoopTest, CancellingFreesTheBlocksAndDropsTheSequence) {
+TEST_P(EngineLoopTest, CancellingFreesTheBlocksAndDropsTheSequence) {
   MakeEngine(64);
   executor_.set_step_delay(1ms);  // Time to cancel while it runs.
   uint64_t id = 0;
@@ -207,7 +219,7 @@ TEST_F(EngineLoopTest, CancellingFreesTheBlocksAndDropsTheSequence) {
   EXPECT_EQ(steps[calls].new_sequences(0).seq_id(), next_id);
 }
 
-TEST_F(EngineLoopTest, APreemptedRequestIsResentWithItsGeneratedTokens) {
+TEST_P(EngineLoopTest, APreemptedRequestIsResentWithItsGeneratedTokens) {
   // 6 blocks of 4: three 8-token prompts fill them, so the first decode preempts the
   // newest request, which comes back later with its prompt and its first token.
   MakeEngine(6);
@@ -248,6 +260,73 @@ TEST_F(EngineLoopTest, APreemptedRequestIsResentWithItsGeneratedTokens) {
   EXPECT_GT(dropped_at, 0);
   EXPECT_GT(resent_at, dropped_at);
 }
+
+TEST_P(EngineLoopTest, EachStepNamesTheStepItWasBuiltOn) {
+  MakeEngine(64);
+  uint64_t id = 0;
+  auto sink = Submit({1, 40, 41}, 5, &id);
+  engine_->Start();
+  ASSERT_TRUE(sink->WaitDone());
+  const std::vector<worker::v1::StepRequest> steps = executor_.requests();
+  ASSERT_EQ(steps.size(), 5u);  // The last token ends it by length: no sixth step.
+  EXPECT_EQ(steps[0].previous_step_id(), 0u);
+  for (size_t i = 1; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].previous_step_id(), steps[i - 1].step_id());
+  }
+}
+
+TEST_P(EngineLoopTest, ARequestThatStopsIsComputedOnceMoreOnlyWithTwoStepsInFlight) {
+  MakeEngine(64);
+  uint64_t id = 0;
+  auto sink = Submit({1, 40, 41}, 10, &id);
+  executor_.ScriptTokens(id, {ByteToken('o'), ByteToken('k'), testing::kTestEosId});
+  engine_->Start();
+  ASSERT_TRUE(sink->WaitDone());
+  EXPECT_EQ(sink->last_.finish_reason(), v1::FINISH_REASON_EOS);
+  EXPECT_EQ(sink->text_, "ok");
+  EXPECT_EQ(sink->last_.usage().generated_tokens(), 3);
+
+  // Sent before EOS was known, a fourth step computes the request once more; its token
+  // is dropped, and the next step tells the workers to forget the sequence.
+  const int extra = GetParam() - 1;
+  EXPECT_TRUE(WaitStats([&](const Engine::Stats& s) { return s.steps == 3u + extra; }));
+  EXPECT_EQ(engine_->stats().discarded_tokens, static_cast<uint64_t>(extra));
+  uint64_t next_id = 0;
+  auto next = Submit({1, 50}, 1, &next_id);
+  ASSERT_TRUE(next->WaitDone());
+  const std::vector<worker::v1::StepRequest> steps = executor_.requests();
+  ASSERT_EQ(steps.size(), 4u + extra);
+  EXPECT_THAT(steps[3 + extra].dropped_seq_ids(), ElementsAre(id));
+}
+
+TEST_P(EngineLoopTest, CancellingWhileTwoStepsRunLosesNothingElse) {
+  // Two requests; one is cancelled at a random point while steps run, the other streams
+  // every token of its script in order.
+  MakeEngine(64);
+  executor_.set_step_delay(200us);
+  uint64_t kept_id = 0, cancelled_id = 0;
+  auto kept = Submit({1, 40, 41}, 30, &kept_id);
+  auto cancelled = Submit({1, 50, 51}, 200, &cancelled_id);
+  std::vector<int32_t> script(30);
+  for (int i = 0; i < 30; ++i) script[i] = ByteToken(static_cast<char>('a' + i % 26));
+  executor_.ScriptTokens(kept_id, script);
+  engine_->Start();
+  ASSERT_TRUE(cancelled->WaitMessages(7));
+  engine_->Cancel(cancelled_id);
+  ASSERT_TRUE(cancelled->WaitDone());
+  EXPECT_EQ(cancelled->status_.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(kept->WaitDone());
+  EXPECT_TRUE(kept->status_.ok()) << kept->status_;
+  EXPECT_THAT(kept->tokens_, ElementsAreArray(script));
+  EXPECT_TRUE(WaitStats([](const Engine::Stats& s) { return s.running == 0; }));
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(StepsInFlight, EngineLoopTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 1 ? std::string("OneStepInFlight")
+                                                  : std::string("TwoStepsInFlight");
+                         });
 
 }  // namespace
 }  // namespace conveyor::scheduler

@@ -56,6 +56,11 @@ ABSL_FLAG(double, worker_init_timeout_s, 600, "How long to wait for the workers 
 ABSL_FLAG(double, step_timeout_s, 60,
           "A step the workers do not answer in this time counts as a worker failure (a hung "
           "rank).");
+ABSL_FLAG(int, max_steps_in_flight, 0,
+          "Steps sent to the workers and not yet answered: 2 plans and sends the next step "
+          "while the last one runs (the workers never wait for the scheduler; a request that "
+          "stops is computed once more), 1 waits for each answer first, 0 chooses: 1 when a "
+          "worker computes on its host's CPU cores (the CPU backend), else 2.");
 ABSL_FLAG(double, worker_recovery_timeout_s, 120,
           "After a worker failure, how long requests wait for the workers to be back (resumed "
           "by recompute) before they fail with UNAVAILABLE.");
@@ -174,6 +179,11 @@ int main(int argc, char** argv) {
       conveyor::jinja::LoadChatTemplate(model_dir);
   if (!chat_template.ok()) {
     spdlog::error("cannot load the chat template: {}", chat_template.status().ToString());
+    return 2;
+  }
+  const int max_steps_in_flight = absl::GetFlag(FLAGS_max_steps_in_flight);
+  if (max_steps_in_flight < 0 || max_steps_in_flight > 2) {
+    spdlog::error("--max_steps_in_flight must be 0 (choose), 1 or 2, got {}", max_steps_in_flight);
     return 2;
   }
   conveyor::scheduler::PolicyOptions policy_options;
@@ -396,6 +406,17 @@ int main(int argc, char** argv) {
   engine_options.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   engine_options.max_queue = absl::GetFlag(FLAGS_max_queue);
   engine_options.max_context_tokens = info->model.max_context_tokens();
+  // Overlapping the scheduler's work with a step pays where the workers' host cores are
+  // free while it runs (an accelerator computes); with the CPU backend it takes cores
+  // from the forward pass (measured: docs/design.md, "The scheduler loop").
+  engine_options.max_steps_in_flight =
+      max_steps_in_flight != 0 ? max_steps_in_flight : (info->computes_on_host_cores ? 1 : 2);
+  if (engine_options.max_steps_in_flight > 1 && !info->orders_steps) {
+    spdlog::warn(
+        "a worker rank does not order the steps it gets (an older conveyor-worker): one step "
+        "in flight at a time");
+    engine_options.max_steps_in_flight = 1;
+  }
   engine_options.worker_recovery_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(absl::GetFlag(FLAGS_worker_recovery_timeout_s) * 1000));
   // Health and the metrics follow the workers: NOT_SERVING from a failure until they
@@ -425,10 +446,11 @@ int main(int argc, char** argv) {
   metrics.SetWorkersReady(workers.world_size());
   spdlog::info(
       "ready: {} ({} parameters) on {} worker rank(s) [{}]; KV cache {} blocks x {} "
-      "tokens; policy {}; max_num_seqs {}; max_step_tokens {}",
+      "tokens; policy {}; max_num_seqs {}; max_step_tokens {}; {} step(s) in flight",
       model_name, info->model.num_parameters(), workers.world_size(), info->backend,
       info->num_kv_blocks, info->block_size, absl::GetFlag(FLAGS_policy),
-      absl::GetFlag(FLAGS_max_num_seqs), absl::GetFlag(FLAGS_max_step_tokens));
+      absl::GetFlag(FLAGS_max_num_seqs), absl::GetFlag(FLAGS_max_step_tokens),
+      engine_options.max_steps_in_flight);
 
   while (!stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
 

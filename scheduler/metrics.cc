@@ -34,7 +34,7 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
                                    const std::string& policy)
     : model_(model), policy_(policy) {
   const prometheus::Labels labels{{"model", model}, {"policy", policy}};
-  auto histogram = [&](const char* name, const char* help, Histogram::BucketBoundaries b) {
+  auto histogram = [&](const char* name, const char* help, const Histogram::BucketBoundaries& b) {
     return &prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(labels, b);
   };
   auto gauge = [&](const char* name, const char* help) {
@@ -57,7 +57,8 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
   generated_tokens_hist_ = histogram("conveyor_request_generated_tokens",
                                      "Tokens generated per finished request.", TokenBuckets());
   step_duration_ = histogram("conveyor_step_duration_seconds",
-                             "One scheduler iteration: planning, worker round trip, streaming.",
+                             "One step as the scheduler loop sees it: planning (unless it "
+                             "overlapped the step before), worker round trip, streaming.",
                              LatencyBuckets());
   step_tokens_ = histogram("conveyor_step_tokens", "Tokens computed per step.", TokenBuckets());
   running_ = gauge("conveyor_requests_running", "Requests holding KV blocks.");
@@ -73,6 +74,9 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
   prefill_tokens_ = counter("conveyor_prefill_tokens_total",
                             "Prompt tokens computed (prefix-cache hits excluded).");
   generated_tokens_ = counter("conveyor_generated_tokens_total", "Tokens streamed to clients.");
+  discarded_tokens_ = counter("conveyor_discarded_tokens_total",
+                              "Tokens sampled for requests that had already ended when the "
+                              "step's answer arrived (a step sent before the last one's answer).");
   preemptions_ =
       counter("conveyor_preemptions_total", "Requests preempted (KV freed, recomputed later).");
   worker_failures_ = counter("conveyor_worker_failures_total",
@@ -146,6 +150,7 @@ void SchedulerMetrics::ObserveStep(double duration_s, int tokens, int batch_slot
 void SchedulerMetrics::AddPromptTokens(int n) { prompt_tokens_->Increment(n); }
 void SchedulerMetrics::AddPrefillTokens(int n) { prefill_tokens_->Increment(n); }
 void SchedulerMetrics::AddGeneratedTokens(int n) { generated_tokens_->Increment(n); }
+void SchedulerMetrics::AddDiscardedTokens(int n) { discarded_tokens_->Increment(n); }
 void SchedulerMetrics::AddPreemptions(int n) { preemptions_->Increment(n); }
 
 void SchedulerMetrics::AddPrefixCacheLookups(uint64_t queries, uint64_t hits) {

@@ -36,6 +36,8 @@ class SchedulerMetrics {
   void AddPromptTokens(int n);
   void AddPrefillTokens(int n);
   void AddGeneratedTokens(int n);
+  // Tokens sampled for requests that had ended by the time the step's answer arrived.
+  void AddDiscardedTokens(int n);
   void AddPreemptions(int n);
   void AddPrefixCacheLookups(uint64_t queries, uint64_t hits);
   void CountRejected(absl::StatusCode code, ClientApi api = ClientApi::kGrpc);
@@ -68,6 +70,7 @@ class SchedulerMetrics {
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* prefill_tokens_;
   prometheus::Counter* generated_tokens_;
+  prometheus::Counter* discarded_tokens_;
   prometheus::Counter* preemptions_;
   prometheus::Counter* worker_failures_;
   prometheus::Counter* worker_recoveries_;

@@ -116,6 +116,39 @@ TEST_F(PolicyTest, ContinuousChunksPrefillUnderTheTokenBudgetAfterDecodes) {
   EXPECT_EQ(blocks_->num_used_blocks(), 0);
 }
 
+TEST_F(PolicyTest, ContinuousSkipsARequestWhoseLastTokenIsInFlight) {
+  // The engine plans a step before the last one's answer: a request whose final token
+  // (by max_new_tokens) is pending has nothing to compute, and one preempted with a
+  // token pending waits until it is known (no worker may see a placeholder).
+  SetUpPool(100);
+  ContinuousPolicy policy({8, 100});
+  Request* done_soon = Add(4, 1);
+  Request* going_on = Add(4, 3);
+  StepPlan plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.sequences.size(), 2u);
+  for (Request* r : {done_soon, going_on}) {  // As Engine::Launch: the step samples.
+    r->num_computed = r->num_tokens();
+    r->tokens.push_back(kPendingToken);
+    r->num_pending_tokens = 1;
+  }
+  EXPECT_TRUE(done_soon->last_token_in_flight());
+  EXPECT_FALSE(going_on->last_token_in_flight());
+  plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.sequences.size(), 1u);
+  EXPECT_EQ(plan.sequences[0].request, going_on);
+
+  pool_->Preempt(going_on);
+  EXPECT_EQ(pool_->NextToAdmit(), nullptr);
+  EXPECT_TRUE(policy.Plan(*pool_, now_).empty());
+  going_on->tokens.back() = 7;  // The answer arrives.
+  going_on->num_pending_tokens = 0;
+  EXPECT_EQ(pool_->NextToAdmit(), going_on);
+  plan = policy.Plan(*pool_, now_);
+  ASSERT_EQ(plan.sequences.size(), 1u);
+  EXPECT_EQ(plan.sequences[0].request, going_on);
+  EXPECT_EQ(plan.sequences[0].num_tokens, 5);  // Recomputed: prompt and its token.
+}
+
 TEST_F(PolicyTest, ContinuousPreemptsTheNewestWhenBlocksRunOut) {
   // 6 blocks of 4 tokens: three 8-token prompts fill them; decoding needs more.
   SetUpPool(6);

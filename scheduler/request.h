@@ -37,9 +37,12 @@ struct Request {
   uint64_t id = 0;
   std::string request_id;  // The client's (or a generated) name, echoed back.
 
-  // The prompt followed by the generated tokens.
+  // The prompt followed by the generated tokens. The last num_pending_tokens entries are
+  // kPendingToken: tokens that steps still in flight sample, known once their answers
+  // arrive (the scheduler plans the next step before the last one's answer is in).
   std::vector<int32_t> tokens;
   int num_prompt_tokens = 0;
+  int num_pending_tokens = 0;
 
   worker::v1::SamplingParams sampling;
   int max_new_tokens = 0;
@@ -62,7 +65,11 @@ struct Request {
 
   // Scheduling state.
   BlockTable blocks;
-  int num_computed = 0;  // Tokens whose K/V the workers hold.
+  // Tokens whose K/V the workers hold once the steps in flight have run.
+  int num_computed = 0;
+  // Counts the times the request lost its blocks (preempted, or kept through a worker
+  // failure), so that the answer to a step planned before can tell.
+  uint32_t residency = 0;
   bool scheduled_once = false;
   int num_cached_prompt_tokens = 0;
   int preemptions = 0;
@@ -73,10 +80,24 @@ struct Request {
   // policy may keep such a request in its batch as padding until the batch ends.
   bool done = false;
 
+  // Tokens, pending ones included: what the workers will hold once the steps in flight
+  // have run, which is what planning goes by.
   int num_tokens() const { return static_cast<int>(tokens.size()); }
-  int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
-  // Tokens known to the scheduler whose K/V are not computed yet.
+  // Tokens whose ids the scheduler has (the prompt and the tokens answered so far).
+  int num_known_tokens() const { return num_tokens() - num_pending_tokens; }
+  // Generated tokens the scheduler has (streamed, or judged and not streamed: EOS).
+  int num_output_tokens() const { return num_known_tokens() - num_prompt_tokens; }
+  // Tokens whose K/V are not computed yet (or scheduled in a step in flight).
   int num_uncomputed() const { return num_tokens() - num_computed; }
+  // The token that ends the request by length is sampled in a step still in flight:
+  // nothing is left to compute, the request ends when that answer arrives.
+  bool last_token_in_flight() const {
+    return num_pending_tokens > 0 && num_tokens() - num_prompt_tokens >= max_new_tokens;
+  }
 };
+
+// The placeholder for a token sampled by a step whose answer has not arrived; never sent
+// to a worker (a request with one is not admitted again until it is known).
+inline constexpr int32_t kPendingToken = -1;
 
 }  // namespace conveyor::scheduler

@@ -16,6 +16,11 @@ void RequestPool::AddWaiting(Request* r) {
   waiting_.insert(it, r);
 }
 
+Request* RequestPool::NextToAdmit() const {
+  if (waiting_.empty() || waiting_.front()->num_pending_tokens > 0) return nullptr;
+  return waiting_.front();
+}
+
 void RequestPool::AdmitFront() {
   Request* r = waiting_.front();
   waiting_.pop_front();
@@ -31,6 +36,7 @@ void RequestPool::Requeue(Request* r) {
   running_.erase(std::find(running_.begin(), running_.end(), r));
   r->blocks.Release();
   r->num_computed = 0;
+  ++r->residency;
   AddWaiting(r);
 }
 

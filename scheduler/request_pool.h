@@ -19,6 +19,12 @@ class RequestPool {
 
   // Queues `r` in priority order (ties: after every request that arrived earlier).
   void AddWaiting(Request* r);
+  // The head of the waiting queue if it can be admitted now, else null: a request
+  // preempted while a step that samples for it was in flight waits until that token is
+  // known, as a worker must never be sent a kPendingToken. (With at most two steps in
+  // flight the engine applies that answer before it plans again; this keeps the
+  // invariant whatever the loop does.)
+  Request* NextToAdmit() const;
   // Moves the head of the waiting queue to running. Its blocks must already be set.
   void AdmitFront();
   // Frees r's blocks and puts it back at the front of its priority among the waiting:

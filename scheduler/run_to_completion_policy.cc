@@ -25,8 +25,8 @@ void RunToCompletionPolicy::FormBatch(RequestPool& pool) {
     if (candidates++ == BatchCap()) break;
     batch_max_new = std::max(batch_max_new, r->max_new_tokens);
   }
-  while (!pool.waiting().empty() && static_cast<int>(batch_.size()) < BatchCap()) {
-    Request* r = pool.waiting().front();
+  Request* r = nullptr;
+  while (static_cast<int>(batch_.size()) < BatchCap() && (r = pool.NextToAdmit()) != nullptr) {
     BlockManager::PrefixMatch match = blocks.AcquirePrefix(r->tokens);
     const int padded = std::min(r->num_prompt_tokens + batch_max_new, limits_.max_context_tokens);
     // A batch's first member always fits unpadded (requests larger than the cache are

@@ -1,16 +1,20 @@
 #include "scheduler/step_encoder.h"
 
+#include <cassert>
+
 namespace conveyor::scheduler {
 
 worker::v1::StepRequest StepEncoder::Encode(const StepPlan& plan) {
   worker::v1::StepRequest step;
   step.set_step_id(next_step_id_++);
   if (reset_pending_) {
-    // A reset forgets everything, so the drops queued since would be redundant.
+    // A reset forgets everything, so the drops queued since would be redundant, and it
+    // depends on no earlier step.
     step.set_reset(true);
     reset_pending_ = false;
   } else {
     step.mutable_dropped_seq_ids()->Add(pending_drops_.begin(), pending_drops_.end());
+    step.set_previous_step_id(step.step_id() - 1);
   }
   pending_drops_.clear();
   for (const ScheduledSequence& s : plan.sequences) {
@@ -18,6 +22,7 @@ worker::v1::StepRequest StepEncoder::Encode(const StepPlan& plan) {
     const std::vector<int32_t>& blocks = r->blocks.blocks();
     const auto held = num_blocks_on_workers_.find(r->id);
     if (held == num_blocks_on_workers_.end()) {
+      assert(r->num_pending_tokens == 0);  // RequestPool::NextToAdmit keeps them waiting.
       worker::v1::NewSequence* seq = step.add_new_sequences();
       seq->set_seq_id(r->id);
       seq->mutable_token_ids()->Add(r->tokens.begin(), r->tokens.end());

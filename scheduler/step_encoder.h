@@ -34,12 +34,15 @@ class StepEncoder {
   // and the blocks appended since its last committed step.
   //
   // Hands out the queued drops and reset: the step returned must be sent, and followed
-  // by Committed (it ran) or ResetAll (it failed).
+  // by Committed. Every step but a reset one names the step before it as its
+  // previous_step_id: it was built on that step's effects, so the workers run it only
+  // after that one ran.
   worker::v1::StepRequest Encode(const StepPlan& plan);
 
-  // The workers ran the step Encode(plan) returned: they now hold every sequence it
-  // scheduled, with all of its current blocks. Call it before any of those sequences is
-  // dropped (before their tokens are streamed and they may finish).
+  // The step Encode(plan) returned is sent: once it runs the workers hold every sequence
+  // it scheduled, with all of its current blocks, and later steps are encoded on that
+  // assumption (it may still be running). If it fails, ResetAll. Call it before any of
+  // those sequences is dropped.
   void Committed(const StepPlan& plan);
 
   // Sequence `seq_id` leaves the workers' batch (finished, cancelled, failed or
@@ -54,7 +57,7 @@ class StepEncoder {
   // match what the workers' KV memory still holds (RequestPool::Preempt: nothing).
   void ResetAll();
 
-  // Whether the workers hold `seq_id` (as of the last committed step).
+  // Whether the workers hold `seq_id` (once the committed steps have run).
   bool OnWorkers(uint64_t seq_id) const { return num_blocks_on_workers_.contains(seq_id); }
   size_t num_sequences_on_workers() const { return num_blocks_on_workers_.size(); }
 

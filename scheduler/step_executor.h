@@ -4,11 +4,36 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "worker.pb.h"
 
 namespace conveyor::scheduler {
+
+// A step sent to the workers whose answer may still be on its way (StartStep).
+class StepCall {
+ public:
+  virtual ~StepCall() = default;
+  // Blocks until every rank answered; returns rank 0's response or the first error.
+  // Called once.
+  virtual absl::StatusOr<worker::v1::StepResponse> Wait() = 0;
+  // Tells the ranks the answer is no longer wanted (the step before it failed); Wait
+  // still returns, soon.
+  virtual void Cancel() {}
+};
+
+// A StepCall whose answer is already in (an executor that steps synchronously).
+class FinishedStepCall final : public StepCall {
+ public:
+  explicit FinishedStepCall(absl::StatusOr<worker::v1::StepResponse> result)
+      : result_(std::move(result)) {}
+  absl::StatusOr<worker::v1::StepResponse> Wait() override { return std::move(result_); }
+
+ private:
+  absl::StatusOr<worker::v1::StepResponse> result_;
+};
 
 // What the workers offer after a recovery (their KV cache is empty again).
 struct RecoveredWorkers {
@@ -22,6 +47,13 @@ class StepExecutor {
   // Sends `request` to every rank and returns rank 0's response once all ranks answered,
   // or the first error.
   virtual absl::StatusOr<worker::v1::StepResponse> Step(const worker::v1::StepRequest& request) = 0;
+
+  // Sends `request` to every rank and returns without waiting for the answer, so that
+  // the scheduler can plan and send the next step while this one runs; the workers run
+  // steps in the order their previous_step_id chains them. The default steps at once.
+  virtual std::unique_ptr<StepCall> StartStep(const worker::v1::StepRequest& request) {
+    return std::make_unique<FinishedStepCall>(Step(request));
+  }
 
   // Reconnects to every rank and initialises them all again (a new tensor-parallel
   // group), trying until `deadline`. Executors that cannot recover say UNIMPLEMENTED,

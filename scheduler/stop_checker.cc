@@ -34,7 +34,7 @@ std::string_view FinishReasonName(FinishReason reason) {
 }
 
 StopChecker::Verdict StopChecker::Check(Request& r) const {
-  const int32_t id = r.tokens.back();
+  const int32_t id = r.tokens[r.num_known_tokens() - 1];
   Verdict verdict;
   // EOS and stop ids end the text before themselves, so they are never detokenized: the
   // one rule for tokens that end generation is that they appear in token_ids (and in
@@ -53,7 +53,7 @@ StopChecker::Verdict StopChecker::Check(Request& r) const {
     }
   }
   if (!verdict.finish.has_value() &&
-      (r.num_output_tokens() >= r.max_new_tokens || r.num_tokens() >= max_context_tokens_)) {
+      (r.num_output_tokens() >= r.max_new_tokens || r.num_known_tokens() >= max_context_tokens_)) {
     verdict.finish = FinishReason::kLength;
   }
   // Text held back for a possible stop string or an incomplete character is final now,

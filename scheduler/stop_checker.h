@@ -38,7 +38,8 @@ class StopChecker {
   // Requests end with kLength once they hold `max_context_tokens` tokens.
   explicit StopChecker(int max_context_tokens) : max_context_tokens_(max_context_tokens) {}
 
-  // Judges the token just sampled for `r`, which must already be the last of r.tokens.
+  // Judges the token just sampled for `r`, which must already be the last of r's known
+  // tokens (pending ones may follow it).
   // Advances r's detokenizer and stop matcher, so it is called once per token, in order.
   // Precedence: an EOS id (the token adds no text), then a stop token id (nor does it),
   // then a stop string completed by the token's text, then the length limits.

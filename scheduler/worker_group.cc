@@ -138,6 +138,7 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
   }
   for (std::thread& t : threads) t.join();
   Info info;
+  info.orders_steps = true;
   for (int rank = 0; rank < world; ++rank) {
     if (!statuses[rank].ok()) {
       return absl::Status(static_cast<absl::StatusCode>(statuses[rank].error_code()),
@@ -145,6 +146,8 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
                                        "): Init failed: ", statuses[rank].error_message()));
     }
     const v1::InitResponse& r = responses[rank];
+    info.orders_steps = info.orders_steps && r.orders_steps();
+    info.computes_on_host_cores = info.computes_on_host_cores || r.computes_on_host_cores();
     info.num_kv_blocks =
         rank == 0 ? r.num_kv_blocks() : std::min(info.num_kv_blocks, r.num_kv_blocks());
   }
@@ -154,16 +157,35 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
   return info;
 }
 
+std::vector<std::unique_ptr<grpc::ClientContext>> WorkerGroup::StepContexts() const {
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(world_size());
+  for (std::unique_ptr<grpc::ClientContext>& context : contexts) {
+    context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() + options_.step_timeout);
+    context->AddMetadata(kSchedulerIdMetadataKey, options_.scheduler_id);
+  }
+  return contexts;
+}
+
+absl::StatusOr<v1::StepResponse> WorkerGroup::StepResult(
+    uint64_t step_id, const std::vector<grpc::Status>& statuses,
+    std::vector<v1::StepResponse>& responses) const {
+  for (int rank = 0; rank < world_size(); ++rank) {
+    if (!statuses[rank].ok()) {
+      return absl::Status(
+          static_cast<absl::StatusCode>(statuses[rank].error_code()),
+          absl::StrCat("worker rank ", rank, " (", options_.addresses[rank], "): step ", step_id,
+                       " failed: ", statuses[rank].error_message()));
+    }
+  }
+  return std::move(responses[0]);
+}
+
 absl::StatusOr<v1::StepResponse> WorkerGroup::Step(const v1::StepRequest& request) {
   const int world = world_size();
   std::vector<v1::StepResponse> responses(world);
   std::vector<grpc::Status> statuses(world);
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(world);
-  for (int rank = 0; rank < world; ++rank) {
-    contexts[rank] = std::make_unique<grpc::ClientContext>();
-    contexts[rank]->set_deadline(std::chrono::system_clock::now() + options_.step_timeout);
-    contexts[rank]->AddMetadata(kSchedulerIdMetadataKey, options_.scheduler_id);
-  }
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts = StepContexts();
   if (world == 1) {
     // A blocking call takes the answer on this thread; the callback API would take it on
     // a gRPC thread and then wake this one, 40-90 µs more per step (scheduler_bench
@@ -180,15 +202,53 @@ absl::StatusOr<v1::StepResponse> WorkerGroup::Step(const v1::StepRequest& reques
     }
     latch.Wait();
   }
-  for (int rank = 0; rank < world; ++rank) {
-    if (!statuses[rank].ok()) {
-      return absl::Status(
-          static_cast<absl::StatusCode>(statuses[rank].error_code()),
-          absl::StrCat("worker rank ", rank, " (", options_.addresses[rank], "): step ",
-                       request.step_id(), " failed: ", statuses[rank].error_message()));
+  return StepResult(request.step_id(), statuses, responses);
+}
+
+// One step's calls to every rank, answered on gRPC's threads.
+class WorkerGroup::PendingStep final : public StepCall {
+ public:
+  PendingStep(const WorkerGroup* group, const v1::StepRequest& request)
+      : group_(group),
+        request_(request),
+        contexts_(group->StepContexts()),
+        responses_(group->world_size()),
+        statuses_(group->world_size()),
+        latch_(group->world_size()) {
+    for (int rank = 0; rank < group->world_size(); ++rank) {
+      group->stubs_[rank]->async()->Step(contexts_[rank].get(), &request_, &responses_[rank],
+                                         [this, rank](grpc::Status status) {
+                                           statuses_[rank] = std::move(status);
+                                           latch_.CountDown();
+                                         });
     }
   }
-  return std::move(responses[0]);
+  // The callbacks write into this object: it outlives them.
+  ~PendingStep() override {
+    Cancel();
+    latch_.Wait();
+  }
+
+  absl::StatusOr<v1::StepResponse> Wait() override {
+    latch_.Wait();
+    return group_->StepResult(request_.step_id(), statuses_, responses_);
+  }
+
+  void Cancel() override {
+    for (const std::unique_ptr<grpc::ClientContext>& context : contexts_) context->TryCancel();
+  }
+
+ private:
+  const WorkerGroup* group_;
+  const v1::StepRequest request_;  // gRPC reads it until the calls end.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<v1::StepResponse> responses_;
+  std::vector<grpc::Status> statuses_;
+  Latch latch_;
+};
+
+std::unique_ptr<StepCall> WorkerGroup::StartStep(const v1::StepRequest& request) {
+  return std::make_unique<PendingStep>(this, request);
 }
 
 absl::StatusOr<RecoveredWorkers> WorkerGroup::Recover(

@@ -44,6 +44,10 @@ class WorkerGroup final : public StepExecutor {
     int num_kv_blocks = 0;  // The minimum over ranks.
     int block_size = 0;
     std::string backend;
+    // Every rank runs steps in previous_step_id order, so two may be in flight.
+    bool orders_steps = false;
+    // Some rank computes on its host's CPU cores (InitResponse.computes_on_host_cores).
+    bool computes_on_host_cores = false;
   };
 
   explicit WorkerGroup(Options options);
@@ -57,6 +61,7 @@ class WorkerGroup final : public StepExecutor {
   void CancelInitialize();
 
   absl::StatusOr<worker::v1::StepResponse> Step(const worker::v1::StepRequest& request) override;
+  std::unique_ptr<StepCall> StartStep(const worker::v1::StepRequest& request) override;
   absl::StatusOr<RecoveredWorkers> Recover(std::chrono::system_clock::time_point deadline) override;
   absl::Status CheckAlive(std::chrono::milliseconds timeout) override;
   bool can_recover() const override { return true; }
@@ -68,6 +73,15 @@ class WorkerGroup final : public StepExecutor {
   int world_size() const { return static_cast<int>(stubs_.size()); }
 
  private:
+  class PendingStep;
+
+  // A context for a step call to every rank: the step timeout and the scheduler's id.
+  std::vector<std::unique_ptr<grpc::ClientContext>> StepContexts() const;
+  // Rank 0's response once every rank answered, else the first rank's error.
+  absl::StatusOr<worker::v1::StepResponse> StepResult(
+      uint64_t step_id, const std::vector<grpc::Status>& statuses,
+      std::vector<worker::v1::StepResponse>& responses) const;
+
   template <typename Call>
   grpc::Status CallUntil(std::chrono::system_clock::time_point deadline, bool retry, Call call);
 

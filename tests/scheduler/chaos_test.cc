@@ -3,7 +3,9 @@
 // (SIGSTOP), and a rogue client on the worker port. Every accepted stream either
 // completes exactly as its uninterrupted twin (greedy and seeded sampling alike: a
 // resumed sequence is recomputed, and its random draws depend only on seed and position)
-// or ends with a status that says why.
+// or ends with a status that says why. The failure tests run with one step in flight and
+// with two (a step sent before the last one's answer, abandoned when that one fails); the
+// twin always runs with the scheduler's default.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -208,11 +210,17 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-TEST(ChaosTest, WorkerKilledAndRestartedFiveTimesLosesNothing) {
+// The parameter: the scheduler's --max_steps_in_flight.
+class ChaosStepsTest : public ::testing::TestWithParam<int> {
+ protected:
+  std::string InFlight() const { return "--max_steps_in_flight=" + std::to_string(GetParam()); }
+};
+
+TEST_P(ChaosStepsTest, WorkerKilledAndRestartedFiveTimesLosesNothing) {
   const std::vector<std::vector<int>> twin = TwinRun(1);
   const int port = FreePort();
   std::optional<Subprocess> worker(StartWorker(port));
-  Scheduler scheduler({port}, {"--worker_recovery_timeout_s=60"});
+  Scheduler scheduler({port}, {"--worker_recovery_timeout_s=60", InFlight()});
   ASSERT_TRUE(scheduler.WaitServing());
   const auto requests = EightRequests();
   Streams streams(requests.size());
@@ -263,12 +271,12 @@ TEST(ChaosTest, WorkerKilledAndRestartedFiveTimesLosesNothing) {
   EXPECT_EQ(scheduler.Health(), HealthStatus::SERVING);
 }
 
-TEST(ChaosTest, TensorParallelRankOneKilledAndRestartedLosesNothing) {
+TEST_P(ChaosStepsTest, TensorParallelRankOneKilledAndRestartedLosesNothing) {
   const std::vector<std::vector<int>> twin = TwinRun(2);
   const std::vector<int> ports = {FreePort(), FreePort()};
   Subprocess rank0 = StartWorker(ports[0]);
   std::optional<Subprocess> rank1(StartWorker(ports[1]));
-  Scheduler scheduler(ports, {"--worker_recovery_timeout_s=60"});
+  Scheduler scheduler(ports, {"--worker_recovery_timeout_s=60", InFlight()});
   ASSERT_TRUE(scheduler.WaitServing());
   const auto requests = EightRequests();
   Streams streams(requests.size());
@@ -284,11 +292,11 @@ TEST(ChaosTest, TensorParallelRankOneKilledAndRestartedLosesNothing) {
   EXPECT_GE(scheduler.Metric("conveyor_worker_recoveries_total"), 1);
 }
 
-TEST(ChaosTest, FrozenWorkerIsAWorkerFailureNotAClientDeadline) {
+TEST_P(ChaosStepsTest, FrozenWorkerIsAWorkerFailureNotAClientDeadline) {
   const std::vector<std::vector<int>> twin = TwinRun(1);
   const int port = FreePort();
   Subprocess worker = StartWorker(port);
-  Scheduler scheduler({port}, {"--step_timeout_s=1", "--worker_recovery_timeout_s=60"});
+  Scheduler scheduler({port}, {"--step_timeout_s=1", "--worker_recovery_timeout_s=60", InFlight()});
   ASSERT_TRUE(scheduler.WaitServing());
   const auto requests = EightRequests();
   Streams streams(requests.size());
@@ -304,10 +312,10 @@ TEST(ChaosTest, FrozenWorkerIsAWorkerFailureNotAClientDeadline) {
   EXPECT_EQ(scheduler.Health(), HealthStatus::SERVING);
 }
 
-TEST(ChaosTest, WorkerThatNeverReturnsEndsEveryStreamThenServesWhenBack) {
+TEST_P(ChaosStepsTest, WorkerThatNeverReturnsEndsEveryStreamThenServesWhenBack) {
   const int port = FreePort();
   std::optional<Subprocess> worker(StartWorker(port));
-  Scheduler scheduler({port}, {"--worker_recovery_timeout_s=2"});
+  Scheduler scheduler({port}, {"--worker_recovery_timeout_s=2", InFlight()});
   ASSERT_TRUE(scheduler.WaitServing());
   const auto requests = EightRequests();
   Streams streams(requests.size());
@@ -342,6 +350,12 @@ TEST(ChaosTest, WorkerThatNeverReturnsEndsEveryStreamThenServesWhenBack) {
   EXPECT_TRUE(again.statuses[0].ok()) << again.statuses[0].error_message();
   EXPECT_EQ(again.tokens[0].size(), static_cast<size_t>(kNewTokens));
 }
+
+INSTANTIATE_TEST_SUITE_P(StepsInFlight, ChaosStepsTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 1 ? std::string("OneStepInFlight")
+                                                  : std::string("TwoStepsInFlight");
+                         });
 
 // A client that is not the scheduler, on the worker's port.
 class Rogue {

@@ -46,7 +46,7 @@ class EngineTest : public ::testing::Test {
  protected:
   // A fresh worker + engine with `num_blocks` KV blocks.
   void Start(const std::string& policy, int num_blocks, int max_num_seqs = 16,
-             int max_step_tokens = 64, int max_queue = 1024) {
+             int max_step_tokens = 64, int max_queue = 1024, int max_steps_in_flight = 2) {
     engine_.reset();
     worker_ = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, num_blocks, kBlockSize);
     ASSERT_NE(worker_, nullptr);
@@ -70,6 +70,7 @@ class EngineTest : public ::testing::Test {
     engine_options.num_kv_blocks = num_blocks;
     engine_options.block_size = kBlockSize;
     engine_options.max_queue = max_queue;
+    engine_options.max_steps_in_flight = max_steps_in_flight;
     engine_options.max_context_tokens = c.max_context_tokens;
     engine_ = std::make_unique<Engine>(engine_options, *MakePolicy(options), executor_.get(),
                                        tokenizer_.get(), nullptr);
@@ -161,6 +162,85 @@ TEST_F(EngineTest, EveryPolicyGivesTheSameGreedyTokensAsAlone) {
     }
     engine_.reset();  // Joins the loop; then every block must be free.
   }
+}
+
+// Sending the next step before the last one's answer (the default) changes no stream:
+// against one step in flight, every request gets the same tokens, text, logprobs and
+// finish, under every policy and with a cache small enough to preempt; seeded sampling,
+// and stop ids that end half the requests early (so steps compute requests that have
+// already stopped).
+TEST_F(EngineTest, TwoStepsInFlightStreamWhatOneDoes) {
+  Start("continuous", 256);
+  const auto requests = MixedRequests(16, 7);
+  auto edit = [](size_t i, int32_t stop_id) {
+    return [i, stop_id](v1::GenerateRequest& r) {
+      r.set_temperature(0.8f);
+      r.set_seed(100 + i);
+      r.set_logprobs(static_cast<int>(i % 3));
+      if (stop_id >= 0) r.add_stop_token_ids(stop_id);
+    };
+  };
+  struct Stream {
+    std::vector<int> tokens;
+    std::string text;
+    std::string last;  // The final message, serialized.
+  };
+  auto run = [&](const std::string& policy, int num_blocks, int in_flight,
+                 const std::vector<int32_t>& stop_ids, Engine::Stats* stats) {
+    Start(policy, num_blocks, 16, 64, 1024, in_flight);
+    engine_->Start();
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      sinks.push_back(Submit(requests[i].first, requests[i].second, edit(i, stop_ids[i])));
+    }
+    std::vector<Stream> out;
+    for (auto& sink : sinks) {
+      EXPECT_TRUE(sink->WaitDone());
+      EXPECT_TRUE(sink->status_.ok()) << sink->status_;
+      v1::GenerateResponse last = sink->last_;
+      last.mutable_usage()->clear_queue_time_ms();  // Timings differ, the rest may not.
+      last.mutable_usage()->clear_time_to_first_token_ms();
+      last.mutable_usage()->clear_e2e_latency_ms();
+      last.mutable_usage()->clear_preemptions();
+      out.push_back({sink->tokens_, sink->text_, last.SerializeAsString()});
+    }
+    // Every block comes back (a run-to-completion batch releases its members at the
+    // iteration after the last one finished).
+    for (int i = 0; i < 5000 && engine_->stats().kv_blocks_used != 0; ++i) {
+      std::this_thread::sleep_for(1ms);
+    }
+    engine_->Stop(absl::OkStatus());
+    *stats = engine_->stats();
+    EXPECT_EQ(stats->kv_blocks_used, 0);
+    return out;
+  };
+  // Half the requests stop at the token they sample halfway (learnt from a first run).
+  Engine::Stats stats;
+  const std::vector<Stream> free_run =
+      run("continuous", 256, 1, std::vector<int32_t>(requests.size(), -1), &stats);
+  std::vector<int32_t> stop_ids(requests.size(), -1);
+  for (size_t i = 0; i < requests.size(); i += 2) {
+    if (free_run[i].tokens.size() >= 3)
+      stop_ids[i] = free_run[i].tokens[free_run[i].tokens.size() / 2];
+  }
+  uint64_t discarded = 0;
+  for (const auto& [policy, blocks] : std::vector<std::pair<std::string, int>>{
+           {"continuous", 256}, {"continuous", 24}, {"static", 256}, {"dynamic", 256}}) {
+    SCOPED_TRACE(::testing::Message() << policy << " with " << blocks << " blocks");
+    Engine::Stats one_stats, two_stats;
+    const std::vector<Stream> one = run(policy, blocks, 1, stop_ids, &one_stats);
+    const std::vector<Stream> two = run(policy, blocks, 2, stop_ids, &two_stats);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(two[i].tokens, one[i].tokens) << "request " << i;
+      EXPECT_EQ(two[i].text, one[i].text) << "request " << i;
+      EXPECT_EQ(two[i].last, one[i].last) << "request " << i;
+    }
+    EXPECT_EQ(one_stats.discarded_tokens, 0u);
+    EXPECT_EQ(two_stats.generated_tokens, one_stats.generated_tokens);
+    if (blocks == 24) EXPECT_GT(two_stats.preemptions, 0u);
+    discarded += two_stats.discarded_tokens;
+  }
+  EXPECT_GT(discarded, 0u) << "no step computed a request that had stopped";
 }
 
 TEST_F(EngineTest, RepeatedPrefixIsServedFromTheCache) {

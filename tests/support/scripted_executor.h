@@ -106,11 +106,21 @@ class ScriptedExecutor final : public scheduler::StepExecutor {
 
   absl::StatusOr<worker::v1::StepResponse> Run(const worker::v1::StepRequest& request) {
     const int call = static_cast<int>(requests_.size());
+    // As worker/engine.cc: a step built on another runs only right after it ran.
+    const bool in_order = request.previous_step_id() == 0 ||
+                          (request.previous_step_id() == last_step_id_ && last_step_ok_);
+    last_step_id_ = request.step_id();
+    last_step_ok_ = false;
     if (auto it = failures_.find(call); it != failures_.end()) return it->second;
+    if (!in_order) {
+      return absl::AbortedError(absl::StrCat("step ", request.step_id(), " follows step ",
+                                             request.previous_step_id(), ", which did not run"));
+    }
     if (absl::Status valid = Validate(request); !valid.ok()) {
       violations_.push_back(absl::StrCat("step ", request.step_id(), ": ", valid.message()));
       return valid;
     }
+    last_step_ok_ = true;
     if (request.reset()) {
       sequences_.clear();
     } else {
@@ -210,6 +220,8 @@ class ScriptedExecutor final : public scheduler::StepExecutor {
   std::map<int, absl::Status> failures_;
   std::chrono::microseconds delay_{0};
   std::map<uint64_t, Sequence> sequences_;
+  uint64_t last_step_id_ = 0;
+  bool last_step_ok_ = false;
   std::vector<worker::v1::StepRequest> requests_;
   std::vector<std::string> violations_;
 };
