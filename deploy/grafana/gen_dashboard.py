@@ -128,10 +128,13 @@ def build():
     g.row("Throughput")
     g.panel("timeseries", "Output and prompt tokens/s",
             "Generated tokens streamed; prompt tokens admitted; prompt tokens actually "
-            "computed (admitted minus prefix-cache hits).",
+            "computed (admitted minus prefix-cache hits); tokens sampled for requests that "
+            "had already ended (with two steps in flight, a request that stops is computed "
+            "once more).",
             [(f"sum({generated})", "output (generated)"),
              (f"sum({rate('conveyor_prompt_tokens_total')})", "prompt (admitted)"),
-             (f"sum({rate('conveyor_prefill_tokens_total')})", "prompt (computed)")],
+             (f"sum({rate('conveyor_prefill_tokens_total')})", "prompt (computed)"),
+             (f"sum({rate('conveyor_discarded_tokens_total')})", "discarded")],
             tok_s, 12, 8)
     g.panel("timeseries", "Requests/s by finish reason",
             "Finished requests by reason, and rejected requests by gRPC code.",
@@ -151,7 +154,8 @@ def build():
     g.panel("timeseries", "Queue time", "Arrival to first scheduling.",
             percentiles("conveyor_request_queue_time_seconds"), "s", 12, 8)
     g.panel("timeseries", "Step duration",
-            "One scheduler iteration: plan, worker round trip, streaming.",
+            "One step as the scheduler loop sees it: planning (unless it overlapped the "
+            "step before), worker round trip, streaming.",
             percentiles("conveyor_step_duration_seconds", qs=(0.5, 0.99)), "s", 12, 8)
 
     g.row("Batching")

@@ -29,12 +29,14 @@ import yaml
 SCHEDULER_FLAGS = ["host", "port", "metrics_port", "model", "workers", "policy", "max_num_seqs",
                    "max_step_tokens", "block_size", "kv_cache_bytes", "max_queue", "batch_size",
                    "batch_timeout_ms", "batch_window_ms", "drain_timeout_s", "step_timeout_s",
-                   "worker_recovery_timeout_s", "scheduler_id", "log_level", "enable_reflection"]
+                   "max_steps_in_flight", "worker_recovery_timeout_s", "scheduler_id",
+                   "log_level", "enable_reflection"]
 WORKER_FLAGS = ["host", "port", "metrics_port", "backend", "threads", "binding_lease_s",
                 "rendezvous_timeout_s", "log_level", "collective_host"]
 INT_FLAGS = {"port", "metrics_port", "max_num_seqs", "max_step_tokens", "block_size",
              "kv_cache_bytes", "max_queue", "batch_size", "batch_timeout_ms", "batch_window_ms",
-             "drain_timeout_s", "step_timeout_s", "worker_recovery_timeout_s", "threads",
+             "drain_timeout_s", "step_timeout_s", "max_steps_in_flight",
+             "worker_recovery_timeout_s", "threads",
              "binding_lease_s", "rendezvous_timeout_s", "health_port", "tls_refresh_s",
              "max_concurrent_requests_per_token"}
 # Secret files: readable by the owner (root) and the pod's fsGroup at most, never written.
@@ -290,6 +292,7 @@ def main():
                       ("batch_size", "batchSize"), ("batch_timeout_ms", "batchTimeoutMs"),
                       ("batch_window_ms", "batchWindowMs"), ("drain_timeout_s", "drainTimeoutS"),
                       ("step_timeout_s", "stepTimeoutS"),
+                      ("max_steps_in_flight", "maxStepsInFlight"),
                       ("worker_recovery_timeout_s", "workerRecoveryTimeoutS"),
                       ("log_level", "logLevel")):
         check.expect(first.get(flag) == str(sched_v[key]),
