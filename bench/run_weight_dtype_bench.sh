@@ -6,10 +6,13 @@
 #
 # Usage: bench/run_weight_dtype_bench.sh [--build-dir DIR] [--model-dir DIR]
 #        [--dtypes "f32 bf16 int8"] [--requests N] [--threads N] [--rounds N]
+#        [--steps-in-flight "0"]
 # Prints one line per dtype and round, and a table of ratios to f32. With --rounds N the
 # dtypes run in turn N times (f32 bf16 int8 f32 bf16 int8 ...), so a machine whose speed
 # drifts affects each alike; the table then gives each dtype's median and the median of
-# the per-round ratios.
+# the per-round ratios. --steps-in-flight "1 2" runs each dtype with each of the
+# scheduler's --max_steps_in_flight in the same round, and adds their ratio (0, the
+# default, lets the scheduler choose: 1 with CPU workers).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +22,7 @@ dtypes="f32 bf16 int8"
 requests=32
 threads="$(nproc)"
 rounds=1
+in_flight="0"
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -27,7 +31,8 @@ while (($#)); do
     --requests) requests="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --steps-in-flight) in_flight="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,36 +47,53 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-declare -A tps  # dtype -> space-separated tok/s, one per round
+declare -A tps  # "dtype/in-flight" -> space-separated tok/s, one per round
 for ((round = 1; round <= rounds; ++round)); do
 for dtype in $dtypes; do
+for k in $in_flight; do
   wport="$(free_port)"; sport="$(free_port)"
   "$build_dir/worker/conveyor-worker" --port="$wport" --metrics_port=0 --threads="$threads" \
     --cpu_weight_dtype="$dtype" 2>"/tmp/conveyor-dtype-worker-$dtype.log" >/dev/null &
   pids+=($!)
   "$build_dir/scheduler/conveyor-scheduler" --model="$model_dir" --workers="127.0.0.1:$wport" \
-    --port="$sport" --metrics_port=0 --kv_cache_bytes=$((1 << 30)) 2>/dev/null >/dev/null &
+    --port="$sport" --metrics_port=0 --kv_cache_bytes=$((1 << 30)) \
+    --max_steps_in_flight="$k" 2>/dev/null >/dev/null &
   pids+=($!)
   out="$(mktemp)"
   "$build_dir/bench/conveyor-bench" --server="127.0.0.1:$sport" --workload=fixed \
     --input_len=129 --output_len=128 --concurrency=8 --num_requests="$requests" \
     --quiet --out="$out" >/dev/null
   t="$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["output_throughput"])' "$out")"
-  tps[$dtype]="${tps[$dtype]:-} $t"
+  tps[$dtype/$k]="${tps[$dtype/$k]:-} $t"
   backend="$(grep -o 'CPU backend [^ ]* [^(]*(.*)' "/tmp/conveyor-dtype-worker-$dtype.log" | head -1 || true)"
-  echo "round $round, $dtype: $t output tok/s ($backend)"
+  echo "round $round, $dtype, --max_steps_in_flight=$k: $t output tok/s ($backend)"
   rm -f "$out"
   cleanup; pids=()
 done
 done
-echo
-echo "| weights | output tok/s (median of $rounds) | vs f32 (median of per-round ratios) |"
-echo "| --- | --- | --- |"
-for dtype in $dtypes; do
+done
+ratio_table() {  # NAME TOKS BASE_TOKS: median tok/s and the median of per-round ratios
   /usr/bin/python3 -c '
 import statistics, sys
 t = [float(v) for v in sys.argv[2].split()]
 b = [float(v) for v in sys.argv[3].split()] if sys.argv[3].strip() else t
 print(f"| {sys.argv[1]} | {statistics.median(t):.1f} | {statistics.median(x / y for x, y in zip(t, b)):.2f}x |")' \
-    "$dtype" "${tps[$dtype]}" "${tps[f32]:-}"
+    "$1" "$2" "$3"
+}
+for k in $in_flight; do
+  echo
+  echo "--max_steps_in_flight=$k:"
+  echo "| weights | output tok/s (median of $rounds) | vs f32 (median of per-round ratios) |"
+  echo "| --- | --- | --- |"
+  for dtype in $dtypes; do ratio_table "$dtype" "${tps[$dtype/$k]}" "${tps[f32/$k]:-}"; done
 done
+first="${in_flight%% *}"
+if [[ "$in_flight" != "$first" ]]; then
+  for k in ${in_flight#* }; do
+    echo
+    echo "--max_steps_in_flight=$k against $first:"
+    echo "| weights | output tok/s (median of $rounds) | vs $first (median of per-round ratios) |"
+    echo "| --- | --- | --- |"
+    for dtype in $dtypes; do ratio_table "$dtype" "${tps[$dtype/$k]}" "${tps[$dtype/$first]}"; done
+  done
+fi

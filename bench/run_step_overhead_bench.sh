@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Where a step's time goes end to end: a worker and a scheduler on the `small` bf16 test
+# model, conveyor-bench with 8 concurrent streams of 129-token prompts and 128 greedy
+# outputs, and then from both metrics pages the scheduler's step time
+# (conveyor_step_duration_seconds) against the worker's forward + sampling
+# (conveyor_worker_step_compute_seconds): their difference per step is what the loop
+# adds (planning, the Step round trip, streaming) that the worker does not overlap. Also
+# the CPU seconds each process used while the load ran.
+#
+# Usage: bench/run_step_overhead_bench.sh [--build-dir DIR] [--model-dir DIR]
+#        [--dtype bf16] [--threads N] [--steps-in-flight "1 2"] [--rounds N]
+#        [--requests N]
+# Each round runs every --steps-in-flight value in turn (the scheduler's
+# --max_steps_in_flight), so a machine whose speed drifts affects each alike.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build_dir="${BUILD_DIR:-$repo/build}"
+model_dir=""
+dtype=bf16
+threads="$(nproc)"
+in_flight="1 2"
+rounds=3
+requests=24
+while (($#)); do
+  case "$1" in
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --model-dir) model_dir="$2"; shift 2 ;;
+    --dtype) dtype="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
+    --steps-in-flight) in_flight="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --requests) requests="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+model_dir="${model_dir:-$build_dir/bench_models/small}"
+ninja -C "$build_dir" conveyor-worker conveyor-scheduler conveyor-bench >/dev/null
+if [[ ! -f "$model_dir/config.json" ]]; then
+  /usr/bin/python3 "$repo/tests/model_gen/make_test_model.py" --preset small --out "$model_dir"
+fi
+
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+# User + system CPU seconds of a process so far.
+cpu_s() { awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat"; }
+# The value of a metric (no labels filter: each page has one series of it).
+metric() { curl -s "127.0.0.1:$1/metrics" | awk -v n="$2" '$1 ~ "^"n"({|$)" {print $2; exit}'; }
+wait_metrics() { for _ in $(seq 100); do curl -s "127.0.0.1:$1/metrics" >/dev/null && return; sleep 0.1; done; }
+
+echo "dtype $dtype, worker threads $threads, $requests requests, 8 streams"
+echo "| round | steps in flight | output tok/s | steps | step s | worker compute s | loop ms/step | CPU s worker / scheduler / client |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+for ((round = 1; round <= rounds; ++round)); do
+for k in $in_flight; do
+  wport="$(free_port)"; sport="$(free_port)"; wmetrics="$(free_port)"; smetrics="$(free_port)"
+  "$build_dir/worker/conveyor-worker" --port="$wport" --metrics_port="$wmetrics" \
+    --threads="$threads" --cpu_weight_dtype="$dtype" 2>/dev/null >/dev/null &
+  worker=$!; pids+=("$worker")
+  "$build_dir/scheduler/conveyor-scheduler" --model="$model_dir" --workers="127.0.0.1:$wport" \
+    --port="$sport" --metrics_port="$smetrics" --kv_cache_bytes=$((1 << 30)) \
+    --max_steps_in_flight="$k" 2>/dev/null >/dev/null &
+  scheduler=$!; pids+=("$scheduler")
+  wait_metrics "$smetrics"; wait_metrics "$wmetrics"
+  w0="$(cpu_s "$worker")"; s0="$(cpu_s "$scheduler")"
+  out="$(mktemp)"; times="$(mktemp)"
+  /usr/bin/time -f "%U %S" -o "$times" "$build_dir/bench/conveyor-bench" \
+    --server="127.0.0.1:$sport" --workload=fixed --input_len=129 --output_len=128 \
+    --concurrency=8 --num_requests="$requests" --quiet --out="$out" >/dev/null 2>&1
+  w1="$(cpu_s "$worker")"; s1="$(cpu_s "$scheduler")"
+  /usr/bin/python3 - "$round" "$k" "$out" "$times" "$w0" "$w1" "$s0" "$s1" \
+    "$(metric "$smetrics" conveyor_step_duration_seconds_count)" \
+    "$(metric "$smetrics" conveyor_step_duration_seconds_sum)" \
+    "$(metric "$wmetrics" conveyor_worker_step_compute_seconds_sum)" <<'PY'
+import json, sys
+rnd, k, out, times, w0, w1, s0, s1, steps, step_s, compute_s = sys.argv[1:]
+tps = json.load(open(out))["summary"]["output_throughput"]
+client = sum(float(v) for v in open(times).read().split())
+steps, step_s, compute_s = int(float(steps)), float(step_s), float(compute_s)
+loop_ms = (step_s - compute_s) / steps * 1000
+print(f"| {rnd} | {k} | {tps:.1f} | {steps} | {step_s:.2f} | {compute_s:.2f} | {loop_ms:.2f} | "
+      f"{float(w1) - float(w0):.2f} / {float(s1) - float(s0):.2f} / {client:.2f} |")
+PY
+  rm -f "$out" "$times"
+  cleanup; pids=()
+done
+done
