@@ -2,8 +2,10 @@
 // checks (worker/service.cc, WorkerService::Init, on a device that loads nothing) and
 // StepRequest validation (worker/engine.h, StepEngine::Step) on a tiny random-weight
 // model, with the steps that pass run for real. Beyond the sanitizers it checks the
-// engine's contract: a rejected step is INVALID_ARGUMENT, returns no tokens and changes
-// nothing; an accepted one samples ids inside the vocabulary; the CPU device never fails.
+// engine's contract: a step out of order (previous_step_id not the last step handled, or
+// that step refused; an id below the last one) is ABORTED, any other rejected step
+// INVALID_ARGUMENT, and either returns no tokens and changes nothing; an accepted one
+// samples ids inside the vocabulary; the CPU device never fails.
 //
 // Input: a first byte whose low two bits choose what follows: 0, an InitRequest (the
 // rest of the input); otherwise up to kMaxSteps StepRequests run in order on an engine
@@ -108,6 +110,8 @@ void FuzzSteps(const uint8_t* data, size_t size) {
   static TinyWorker* w = new TinyWorker();
   w->engine->Reset();
   const int vocab = w->model->config().vocab_size;
+  uint64_t last_step = 0;  // What the engine's step order should be, kept alongside.
+  bool last_ran = false;
   for (int step = 0; step < kMaxSteps && size >= 2; ++step) {
     const size_t length = std::min<size_t>(data[0] | static_cast<size_t>(data[1]) << 8, size - 2);
     worker::v1::StepRequest request;
@@ -116,14 +120,31 @@ void FuzzSteps(const uint8_t* data, size_t size) {
     size -= 2 + length;
     if (!parsed) continue;
     const int sequences_before = w->engine->num_sequences();
+    const uint64_t id = request.step_id();
+    const uint64_t previous = request.previous_step_id();
+    const bool out_of_order =
+        (id != 0 && id < last_step) || (previous != 0 && (previous != last_step || !last_ran));
     worker::v1::StepResponse response;
     const absl::Status status = w->engine->Step(request, &response);
     if (w->engine->device_failed()) {
       InvariantViolated("the CPU device failed", status.ToString());
     }
+    if (id >= last_step) {
+      last_step = id;
+      last_ran = status.ok();
+    }
+    if (w->engine->last_step_id() != last_step) {
+      InvariantViolated("the engine's last step is not the last one handled",
+                        absl::StrCat(w->engine->last_step_id(), " != ", last_step));
+    }
+    if (out_of_order != (status.code() == absl::StatusCode::kAborted)) {
+      InvariantViolated(out_of_order ? "a step out of order was not refused ABORTED"
+                                     : "a step in order was refused ABORTED",
+                        absl::StrCat(status.ToString(), "\nstep: ", request.ShortDebugString()));
+    }
     if (!status.ok()) {
-      if (status.code() != absl::StatusCode::kInvalidArgument || response.tokens_size() != 0 ||
-          w->engine->num_sequences() != sequences_before) {
+      if ((!out_of_order && status.code() != absl::StatusCode::kInvalidArgument) ||
+          response.tokens_size() != 0 || w->engine->num_sequences() != sequences_before) {
         InvariantViolated("a rejected step that is not INVALID_ARGUMENT or changed something",
                           absl::StrCat(status.ToString(), "\nstep: ", request.ShortDebugString()));
       }
