@@ -39,6 +39,7 @@ v1::FinishReason WireFinishReason(FinishReason reason) {
 Engine::Engine(const Options& options, std::unique_ptr<BatchPolicy> policy, StepExecutor* executor,
                const Tokenizer* tokenizer, SchedulerMetrics* metrics)
     : options_(options),
+      max_steps_in_flight_(std::clamp(options.max_steps_in_flight, 1, 2)),
       policy_(std::move(policy)),
       executor_(executor),
       tokenizer_(tokenizer),
@@ -186,7 +187,7 @@ void Engine::Loop() {
       }
     }
     bool launched = false;
-    if (static_cast<int>(in_flight_.size()) < options_.max_steps_in_flight) {
+    if (static_cast<int>(in_flight_.size()) < max_steps_in_flight_) {
       StepPlan plan = policy_->Plan(pool_, start);
       for (Request* r : plan.released) Retire(r);
       for (Request* r : plan.preempted) {
@@ -205,7 +206,7 @@ void Engine::Loop() {
     // could be sent (its answer may free blocks or make a preempted request admissible).
     const bool had_in_flight = !in_flight_.empty();
     if (had_in_flight &&
-        (!launched || static_cast<int>(in_flight_.size()) >= options_.max_steps_in_flight)) {
+        (!launched || static_cast<int>(in_flight_.size()) >= max_steps_in_flight_)) {
       CompleteOldestStep();
     }
     idle = !launched && !had_in_flight;
@@ -290,7 +291,7 @@ void Engine::Launch(const StepPlan& plan, Clock::time_point planned) {
   dispatcher_.Post();  // Cancellations and deadlines taken this iteration.
   // One step at a time, the executor's plain call (for one rank a blocking gRPC call,
   // the cheapest round trip); else the call returns before the answer.
-  flight.call = options_.max_steps_in_flight > 1
+  flight.call = max_steps_in_flight_ > 1
                     ? executor_->StartStep(step)
                     : std::make_unique<FinishedStepCall>(executor_->Step(step));
   in_flight_.push_back(std::move(flight));

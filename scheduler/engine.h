@@ -65,7 +65,8 @@ class Engine {
     std::function<void(bool ready)> on_workers_ready;
     // Steps sent and not yet answered, at most: 1 plans each step once the last one's
     // answer is in; 2 sends the next step while the last one runs (the executor's
-    // workers must run steps in previous_step_id order).
+    // workers must run steps in previous_step_id order). Other values count as the
+    // nearer of these.
     int max_steps_in_flight = 2;
   };
 
@@ -175,6 +176,7 @@ class Engine {
   void PublishStats();
 
   const Options options_;
+  const int max_steps_in_flight_;  // options_.max_steps_in_flight, as 1 or 2.
   std::unique_ptr<BatchPolicy> policy_;
   StepExecutor* executor_;
   const Tokenizer* tokenizer_;

@@ -182,26 +182,14 @@ absl::StatusOr<v1::StepResponse> WorkerGroup::StepResult(
 }
 
 absl::StatusOr<v1::StepResponse> WorkerGroup::Step(const v1::StepRequest& request) {
-  const int world = world_size();
-  std::vector<v1::StepResponse> responses(world);
-  std::vector<grpc::Status> statuses(world);
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts = StepContexts();
-  if (world == 1) {
-    // A blocking call takes the answer on this thread; the callback API would take it on
-    // a gRPC thread and then wake this one, 40-90 µs more per step (scheduler_bench
-    // step_rpc, a 2-core VM).
-    statuses[0] = stubs_[0]->Step(contexts[0].get(), request, &responses[0]);
-  } else {
-    Latch latch(world);
-    for (int rank = 0; rank < world; ++rank) {
-      stubs_[rank]->async()->Step(contexts[rank].get(), &request, &responses[rank],
-                                  [&, rank](grpc::Status status) {
-                                    statuses[rank] = std::move(status);
-                                    latch.CountDown();
-                                  });
-    }
-    latch.Wait();
-  }
+  if (world_size() > 1) return StartStep(request)->Wait();
+  // One rank: a blocking call takes the answer on this thread; the callback API would
+  // take it on a gRPC thread and then wake this one, 40-90 µs more per step
+  // (scheduler_bench step_rpc, a 2-core VM).
+  std::vector<v1::StepResponse> responses(1);
+  std::vector<grpc::Status> statuses(1);
+  const std::vector<std::unique_ptr<grpc::ClientContext>> contexts = StepContexts();
+  statuses[0] = stubs_[0]->Step(contexts[0].get(), request, &responses[0]);
   return StepResult(request.step_id(), statuses, responses);
 }
 
