@@ -9,7 +9,7 @@
 #
 # Usage: bench/run_step_overhead_bench.sh [--build-dir DIR] [--model-dir DIR]
 #        [--dtype bf16] [--threads N] [--steps-in-flight "1 2"] [--rounds N]
-#        [--requests N]
+#        [--requests N] [--worker-flags "--backend=cuda ..."]
 # Each round runs every --steps-in-flight value in turn (the scheduler's
 # --max_steps_in_flight), so a machine whose speed drifts affects each alike.
 set -euo pipefail
@@ -22,6 +22,7 @@ threads="$(nproc)"
 in_flight="1 2"
 rounds=3
 requests=24
+worker_flags=""
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -31,6 +32,7 @@ while (($#)); do
     --steps-in-flight) in_flight="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     --requests) requests="$2"; shift 2 ;;
+    --worker-flags) worker_flags="$2"; shift 2 ;;
     -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -58,7 +60,7 @@ for ((round = 1; round <= rounds; ++round)); do
 for k in $in_flight; do
   wport="$(free_port)"; sport="$(free_port)"; wmetrics="$(free_port)"; smetrics="$(free_port)"
   "$build_dir/worker/conveyor-worker" --port="$wport" --metrics_port="$wmetrics" \
-    --threads="$threads" --cpu_weight_dtype="$dtype" 2>/dev/null >/dev/null &
+    --threads="$threads" --cpu_weight_dtype="$dtype" $worker_flags 2>/dev/null >/dev/null &
   worker=$!; pids+=("$worker")
   "$build_dir/scheduler/conveyor-scheduler" --model="$model_dir" --workers="127.0.0.1:$wport" \
     --port="$sport" --metrics_port="$smetrics" --kv_cache_bytes=$((1 << 30)) \
