@@ -37,15 +37,8 @@ while (($#)); do
   esac
 done
 model_dir="${model_dir:-$build_dir/bench_models/small}"
-ninja -C "$build_dir" conveyor-worker conveyor-scheduler conveyor-bench >/dev/null
-if [[ ! -f "$model_dir/config.json" ]]; then
-  /usr/bin/python3 "$repo/tests/model_gen/make_test_model.py" --preset small --out "$model_dir"
-fi
-
-free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+# shellcheck source=bench/small_model_server.sh
+source "$repo/bench/small_model_server.sh"
 
 declare -A tps  # "dtype/in-flight" -> space-separated tok/s, one per round
 for ((round = 1; round <= rounds; ++round)); do
