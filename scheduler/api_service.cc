@@ -53,7 +53,10 @@ absl::Status MalformedError(const char* type) {
 class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                              public ResponseSink {
  public:
-  explicit GenerateStream(Engine* engine) : engine_(engine) {}
+  // `open` counts the streams gRPC has not yet called OnDone for.
+  GenerateStream(Engine* engine, std::atomic<int>* open) : engine_(engine), open_(open) {
+    open_->fetch_add(1);
+  }
 
   void Send(v1::GenerateResponse message) override {
     const grpc::ByteBuffer* next = nullptr;
@@ -115,7 +118,10 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   }
 
   // The engine and gRPC both hold the stream: gRPC's reference ends here.
-  void OnDone() override { self_.reset(); }
+  void OnDone() override {
+    open_->fetch_sub(1);
+    self_.reset();
+  }
 
   // The engine accepted the request as `id`; a cancel that came first applies now.
   void set_id(uint64_t id) {
@@ -139,6 +145,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
  private:
   Engine* engine_;
+  std::atomic<int>* const open_;
   std::shared_ptr<GenerateStream> self_;  // Keeps the stream alive until OnDone.
   std::mutex mu_;
   uint64_t id_ = 0;                     // Guarded by mu_; 0 until submitted.
@@ -169,6 +176,15 @@ ApiService::ApiService(const Tokenizer* tokenizer, v1::ModelInfoResponse info,
 }
 
 ApiService::~ApiService() { StopPreparing(); }
+
+bool ApiService::WaitForStreamsToEnd(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (open_streams_.load() > 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
 
 void ApiService::StopPreparing() {
   {
@@ -245,7 +261,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ApiService::Generate(
     return reject(absl::UnavailableError("no model worker is ready yet; retry shortly"));
   }
   const auto deadline = context->deadline();
-  auto stream = std::make_shared<GenerateStream>(engine);
+  auto stream = std::make_shared<GenerateStream>(engine, &open_streams_);
   stream->set_self(stream);
   stream->set_grant(std::move(grant));
   Prepare([this, engine, stream, request, deadline] {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -43,6 +44,10 @@ class ApiService final
   // them. Call after the server has shut down and before the engine goes.
   void StopPreparing();
 
+  // Waits until every Generate stream has written its final status (the engine has ended
+  // each one) or `timeout` passes; false on the timeout.
+  bool WaitForStreamsToEnd(std::chrono::milliseconds timeout);
+
   // Requires a bearer token on every call (UNAUTHENTICATED without a valid one) and holds
   // one of the token's concurrent-call slots per Generate. Call before serving;
   // `authenticator` must outlive the service.
@@ -72,6 +77,7 @@ class ApiService final
   SchedulerMetrics* metrics_;
   TokenAuthenticator* authenticator_ = nullptr;  // Set before serving; null: no tokens.
   std::atomic<Engine*> engine_{nullptr};
+  std::atomic<int> open_streams_{0};  // Generate streams gRPC has not called OnDone for.
   // Written once by SetEngine before engine_ is published.
   ServingLimits limits_;
   v1::ModelInfoResponse info_;

@@ -75,8 +75,26 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or of
 ABSL_FLAG(int, http_port, 0,
           "Port for the OpenAI-compatible HTTP API (docs/http-api.md); 0 disables it.");
 ABSL_FLAG(std::string, http_host, "", "Address for the HTTP API; empty means --host.");
-ABSL_FLAG(int, http_threads, 256,
-          "Most HTTP connections served at once (one thread each, started on demand).");
+ABSL_FLAG(int, http_io_threads, 2,
+          "Threads that serve every HTTP connection's I/O (connections cost memory, not "
+          "threads).");
+ABSL_FLAG(int, http_offload_threads, 2,
+          "Threads that parse, render (chat template) and tokenize HTTP requests.");
+ABSL_FLAG(int, http_max_connections, 16384,
+          "Most HTTP connections open at once; one more is answered 503 and closed. Capped "
+          "by the open-files limit (ulimit -n).");
+ABSL_FLAG(double, http_idle_timeout_s, 60,
+          "How long an HTTP connection may wait, idle, for its next request.");
+ABSL_FLAG(double, http_header_timeout_s, 10,
+          "How long a request's headers may take to arrive from its first byte (408 after).");
+ABSL_FLAG(double, http_body_timeout_s, 60,
+          "How long a request's body may take to arrive after its headers (408 after).");
+ABSL_FLAG(double, http_send_timeout_s, 60,
+          "How long a write to an HTTP client may wait for it to read; longer, and a streamed "
+          "request counts as abandoned (cancelled).");
+ABSL_FLAG(uint64_t, http_max_buffered_body_bytes, 256ull << 20,
+          "Bytes of HTTP request bodies being received or parsed at once, all connections "
+          "together; a body that does not fit is answered 503 (retry).");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM certificate for the client APIs (gRPC and HTTP). With --tls_key_file they "
           "serve TLS only; a plaintext client is refused.");
@@ -292,11 +310,32 @@ int main(int argc, char** argv) {
   std::unique_ptr<conveyor::scheduler::HttpServer> http;
   if (absl::GetFlag(FLAGS_http_port) != 0) {
     conveyor::scheduler::HttpServer::Options http_options;
-    http_options.host = absl::GetFlag(FLAGS_http_host).empty() ? absl::GetFlag(FLAGS_host)
-                                                               : absl::GetFlag(FLAGS_http_host);
-    http_options.port = absl::GetFlag(FLAGS_http_port);
-    http_options.max_threads = absl::GetFlag(FLAGS_http_threads);
-    http_options.max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_receive_bytes));
+    conveyor::scheduler::HttpTransport::Options& transport = http_options.transport;
+    transport.host = absl::GetFlag(FLAGS_http_host).empty() ? absl::GetFlag(FLAGS_host)
+                                                            : absl::GetFlag(FLAGS_http_host);
+    transport.port = absl::GetFlag(FLAGS_http_port);
+    transport.io_threads = absl::GetFlag(FLAGS_http_io_threads);
+    transport.offload_threads = absl::GetFlag(FLAGS_http_offload_threads);
+    transport.max_connections = absl::GetFlag(FLAGS_http_max_connections);
+    transport.max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_receive_bytes));
+    transport.max_buffered_body_bytes =
+        static_cast<size_t>(absl::GetFlag(FLAGS_http_max_buffered_body_bytes));
+    const auto ms = [](double s) {
+      return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+    };
+    transport.idle_timeout = ms(absl::GetFlag(FLAGS_http_idle_timeout_s));
+    transport.header_timeout = ms(absl::GetFlag(FLAGS_http_header_timeout_s));
+    transport.body_timeout = ms(absl::GetFlag(FLAGS_http_body_timeout_s));
+    transport.send_timeout = ms(absl::GetFlag(FLAGS_http_send_timeout_s));
+    if (transport.io_threads < 1 || transport.offload_threads < 1 ||
+        transport.max_connections < 1 || transport.idle_timeout.count() <= 0 ||
+        transport.header_timeout.count() <= 0 || transport.body_timeout.count() <= 0 ||
+        transport.send_timeout.count() <= 0) {
+      spdlog::error(
+          "--http_io_threads, --http_offload_threads, --http_max_connections and the "
+          "--http_*_timeout_s flags must be positive");
+      return 2;
+    }
     http_options.model_dir = model_dir;
     http_options.model_name = model_name;
     http_options.model_aliases = {model_dir};
@@ -314,7 +353,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     spdlog::info("OpenAI-compatible HTTP API on {}://{}:{}/v1", client_tls ? "https" : "http",
-                 http_options.host, http->port());
+                 transport.host, http->port());
   }
 
   std::printf("conveyor-scheduler listening on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(), port);
@@ -468,7 +507,13 @@ int main(int argc, char** argv) {
   if (left > 0) spdlog::warn("drain timeout: ending {} unfinished request(s)", left);
   engine.Stop(absl::UnavailableError("the server shut down before the request finished"));
   if (http != nullptr) http->Stop();  // Before `engine` goes: open streams point at it.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // The engine has given every accepted call its final status: once the streams have
+  // written it, close every connection at once. A deadline in the future would also wait
+  // for clients that merely hold an idle channel to hang up.
+  if (!api.WaitForStreamsToEnd(std::chrono::seconds(5))) {
+    spdlog::warn("gRPC streams still writing after 5 s: ending them");
+  }
+  server->Shutdown(std::chrono::system_clock::now());
   health_server.reset();
   api.StopPreparing();  // Before `engine` goes: a prepared request may still be submitted.
   spdlog::info("conveyor-scheduler stopped");

@@ -1,5 +1,6 @@
 #include "scheduler/metrics.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "prometheus/counter.h"
@@ -21,6 +22,13 @@ Histogram::BucketBoundaries LatencyBuckets() {
 Histogram::BucketBoundaries TokenBuckets() {
   return {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 }
+
+// HttpTransport's refusal reasons (kept in step with http_transport.h; the metrics library
+// does not depend on the HTTP front).
+constexpr const char* kHttpRefusalReasons[] = {
+    "connection_limit", "header_timeout", "body_timeout", "header_too_large",
+    "body_too_large",   "body_budget",    "malformed",    "slow_reader",
+    "tls_handshake",    "idle_evicted",   "other"};
 
 std::string CodeLabel(absl::StatusCode code) {
   std::string name = absl::StatusCodeToString(code);
@@ -118,6 +126,17 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
           {{"model", model}, {"policy", policy}, {"code", CodeLabel(code)}, {"api", api_label}});
     }
   }
+  http_connections_ =
+      gauge("conveyor_http_connections", "Connections open on the OpenAI-compatible HTTP port.");
+  http_refused_ = &prometheus::BuildCounter()
+                       .Name("conveyor_http_refused_total")
+                       .Help(
+                           "Connections and requests the HTTP port refused before they "
+                           "reached the API, by reason (docs/http-api.md).")
+                       .Register(registry);
+  for (const char* reason : kHttpRefusalReasons) {
+    http_refused_->Add({{"model", model}, {"policy", policy}, {"reason", reason}});
+  }
   wasted_slot_steps_ = counter("conveyor_batch_slot_steps_wasted_total",
                                "Batch slot-steps held by members whose answer was complete.");
 }
@@ -164,6 +183,18 @@ void SchedulerMetrics::CountRejected(absl::StatusCode code, ClientApi api) {
              {"policy", policy_},
              {"code", CodeLabel(code)},
              {"api", std::string(ClientApiName(api))}})
+      .Increment();
+}
+
+void SchedulerMetrics::SetHttpConnections(int open) { http_connections_->Set(open); }
+
+void SchedulerMetrics::CountHttpRefused(std::string_view reason) {
+  const auto* known =
+      std::find(std::begin(kHttpRefusalReasons), std::end(kHttpRefusalReasons), reason);
+  http_refused_
+      ->Add({{"model", model_},
+             {"policy", policy_},
+             {"reason", known != std::end(kHttpRefusalReasons) ? *known : "other"}})
       .Increment();
 }
 

@@ -41,6 +41,10 @@ class SchedulerMetrics {
   void AddPreemptions(int n);
   void AddPrefixCacheLookups(uint64_t queries, uint64_t hits);
   void CountRejected(absl::StatusCode code, ClientApi api = ClientApi::kGrpc);
+  // The HTTP front's connections open now, and what its transport refused by itself
+  // (reason: one of HttpTransport's k* reasons; an unknown one is counted as "other").
+  void SetHttpConnections(int open);
+  void CountHttpRefused(std::string_view reason);
   // kv_slots_used: tokens whose K/V the running requests hold; kv_slots_allocated: the
   // slots of the blocks they hold (their ratio shows what block rounding wastes).
   void SetPool(int running, int waiting, int kv_blocks_used, int kv_blocks_total,
@@ -83,6 +87,8 @@ class SchedulerMetrics {
   prometheus::Counter* wasted_slot_steps_;
   prometheus::Family<prometheus::Counter>* finished_;
   prometheus::Family<prometheus::Counter>* rejected_;
+  prometheus::Gauge* http_connections_;
+  prometheus::Family<prometheus::Counter>* http_refused_;
   std::string model_;
   std::string policy_;
 };

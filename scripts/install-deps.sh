@@ -10,7 +10,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build pkg-config git ca-certificates clang-format clang-tidy curl \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev \
   prometheus-cpp-dev libgloo-dev libopenblas-dev nlohmann-json3-dev \
-  libsentencepiece-dev sentencepiece libspdlog-dev libfmt-dev libpcre2-dev libicu-dev libcpp-httplib-dev \
+  libsentencepiece-dev sentencepiece libspdlog-dev libfmt-dev libpcre2-dev libicu-dev libcpp-httplib-dev libboost-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
   python3 python3-numpy python3-grpcio python3-matplotlib python3-jinja2 \
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v2-dev yamllint python3-yaml python3-venv \

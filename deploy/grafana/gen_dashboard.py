@@ -142,6 +142,18 @@ def build():
              (f"sum by (code) ({rate('conveyor_requests_rejected_total')})", "rejected {{code}}")],
             "reqps", 12, 8)
 
+    g.row("HTTP front")
+    g.panel("timeseries", "HTTP connections",
+            "Connections open on the OpenAI-compatible HTTP port. Idle ones cost memory, not "
+            "threads; at --http_max_connections the longest idle one makes room.",
+            [(f"sum(conveyor_http_connections{{{SCHED}}})", "open")], "short", 12, 8)
+    g.panel("timeseries", "HTTP refusals/s by reason",
+            "Connections and requests the HTTP port refused before they reached the API: "
+            "timeouts, oversized headers or bodies, the connection cap, readers too slow "
+            "for their stream (docs/http-api.md).",
+            [(f"sum by (reason) ({rate('conveyor_http_refused_total')})", "{{reason}}")],
+            "reqps", 12, 8)
+
     g.row("Latency")
     g.panel("timeseries", "Time to first token",
             "Arrival of a request to its first streamed token.",

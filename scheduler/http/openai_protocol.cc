@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "common/bounded_json.h"
 #include "common/status_macros.h"
 
 namespace conveyor::scheduler::openai {
@@ -65,7 +66,8 @@ absl::StatusOr<std::optional<int64_t>> GetInteger(const Json& object, absl::stri
       v->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   const int64_t value = fits ? v->get<int64_t>() : 0;
   if (!fits || value < lo || value > hi) {
-    return Invalid(key, absl::StrCat(key, " must be in [", lo, ", ", hi, "], got ", Dump(*v)));
+    return Invalid(key,
+                   absl::StrCat(key, " must be in [", lo, ", ", hi, "], got ", JsonExcerpt(*v)));
   }
   return value;
 }
@@ -103,7 +105,8 @@ absl::Status SetPrompt(const Json& prompt, v1::GenerateRequest* g) {
         (id.is_number_unsigned() ? id.get<uint64_t>() > std::numeric_limits<int32_t>::max()
                                  : id.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
                                        id.get<int64_t>() > std::numeric_limits<int32_t>::max())) {
-      return Invalid("prompt", absl::StrCat("prompt's token ids must be integers, got ", Dump(id)));
+      return Invalid("prompt",
+                     absl::StrCat("prompt's token ids must be integers, got ", JsonExcerpt(id)));
     }
     g->mutable_token_ids()->add_ids(static_cast<int32_t>(id.get<int64_t>()));
   }
@@ -137,7 +140,7 @@ absl::StatusOr<Json> ParseMessage(const Json& message, size_t index) {
     return Invalid(where + ".role", absl::StrCat(where,
                                                  ".role must be system, user, assistant "
                                                  "or tool, got '",
-                                                 *role, "'"));
+                                                 TextExcerpt(*role), "'"));
   }
   Json out = message;
   const Json* content = Field(message, "content");
@@ -159,7 +162,7 @@ absl::StatusOr<Json> ParseMessage(const Json& message, size_t index) {
     ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(part, "type"));
     if (type != "text") {
       return Unsupported(part_where + ".type",
-                         absl::StrCat(part_where, ".type is '", type.value_or(""),
+                         absl::StrCat(part_where, ".type is '", TextExcerpt(type.value_or("")),
                                       "'; only text parts are supported"));
     }
     ASSIGN_OR_RETURN(std::optional<std::string> text, GetString(part, "text"));
@@ -170,7 +173,7 @@ absl::StatusOr<Json> ParseMessage(const Json& message, size_t index) {
   return out;
 }
 
-absl::Status ParseChat(const Json& body, ParsedRequest* r) {
+absl::Status ParseChat(const Json& body, const ParseOptions& options, ParsedRequest* r) {
   const Json* messages = Field(body, "messages");
   if (messages == nullptr) return Invalid("messages", "messages is required");
   if (!messages->is_array() || messages->empty()) {
@@ -207,7 +210,8 @@ absl::Status ParseChat(const Json& body, ParsedRequest* r) {
 
   ASSIGN_OR_RETURN(std::optional<bool> logprobs, GetBool(body, "logprobs"));
   r->logprobs = logprobs.value_or(false);
-  ASSIGN_OR_RETURN(std::optional<int64_t> top, GetInteger(body, "top_logprobs", 0, 1 << 30));
+  ASSIGN_OR_RETURN(std::optional<int64_t> top,
+                   GetInteger(body, "top_logprobs", 0, options.max_logprobs));
   if (top.has_value() && !r->logprobs) {
     return Invalid("top_logprobs", "top_logprobs needs logprobs set to true");
   }
@@ -224,7 +228,7 @@ absl::Status ParseChat(const Json& body, ParsedRequest* r) {
   return absl::OkStatus();
 }
 
-absl::Status ParseCompletions(const Json& body, ParsedRequest* r) {
+absl::Status ParseCompletions(const Json& body, const ParseOptions& options, ParsedRequest* r) {
   RETURN_IF_ERROR(ParseCompletionPrompt(body, &r->generate));
   ASSIGN_OR_RETURN(std::optional<bool> echo, GetBool(body, "echo"));
   if (echo.value_or(false)) return Unsupported("echo", "echo is not supported");
@@ -238,7 +242,8 @@ absl::Status ParseCompletions(const Json& body, ParsedRequest* r) {
 
   // Completions' logprobs is the number of alternatives; 0 still returns the chosen
   // token's log-probability.
-  ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, GetInteger(body, "logprobs", 0, 1 << 30));
+  ASSIGN_OR_RETURN(std::optional<int64_t> logprobs,
+                   GetInteger(body, "logprobs", 0, options.max_logprobs));
   r->logprobs = logprobs.has_value();
   r->top_logprobs = static_cast<int>(logprobs.value_or(0));
 
@@ -357,6 +362,10 @@ std::string_view ErrorType(int http_status) {
   switch (http_status) {
     case 400:
     case 404:
+    case 405:
+    case 408:
+    case 413:
+    case 431:
       return "invalid_request_error";
     case 401:
     case 403:
@@ -392,23 +401,17 @@ Json ModelJson(std::string_view model_name, int64_t created_unix_s) {
 
 absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body,
                                            const ParseOptions& options) {
-  const Json json = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) {
-    return absl::InvalidArgumentError("the request body is not valid JSON");
-  }
+  // Bounded before anything walks it: nothing below (nor the chat template) recurses
+  // deeper than options.json_limits.max_depth.
+  ASSIGN_OR_RETURN(const Json json,
+                   ParseBoundedJson(body, options.json_limits, "the request body"));
   if (!json.is_object()) return absl::InvalidArgumentError("the request body must be an object");
   RETURN_IF_ERROR(CheckModel(json, options));
   ParsedRequest r;
   r.endpoint = endpoint;
   RETURN_IF_ERROR(ParseCommon(json, &r));
-  RETURN_IF_ERROR(endpoint == Endpoint::kChatCompletions ? ParseChat(json, &r)
-                                                         : ParseCompletions(json, &r));
-  const absl::string_view logprobs_field =
-      endpoint == Endpoint::kChatCompletions ? "top_logprobs" : "logprobs";
-  if (r.top_logprobs > options.max_logprobs) {
-    return Invalid(logprobs_field, absl::StrCat(logprobs_field, " must be in [0, ",
-                                                options.max_logprobs, "], got ", r.top_logprobs));
-  }
+  RETURN_IF_ERROR(endpoint == Endpoint::kChatCompletions ? ParseChat(json, options, &r)
+                                                         : ParseCompletions(json, options, &r));
   if (r.logprobs) r.generate.set_logprobs(std::max(1, r.top_logprobs));
   return r;
 }
@@ -421,7 +424,7 @@ bool ServesModel(const ParseOptions& options, std::string_view model) {
 
 absl::Status ModelNotFoundError(std::string_view model, const ParseOptions& options) {
   const absl::Status status = absl::NotFoundError(
-      absl::StrCat("The model '", std::string(model), "' does not exist; this server serves '",
+      absl::StrCat("The model '", TextExcerpt(model), "' does not exist; this server serves '",
                    options.model_name, "'"));
   return WithCode(WithParam(status, "model"), "model_not_found");
 }
@@ -491,6 +494,38 @@ int HttpStatusFor(const absl::Status& status) {
 }
 
 std::string ErrorBody(const absl::Status& status) { return Dump(ErrorJson(status)); }
+
+std::string HttpErrorBody(int http_status, std::string_view message) {
+  std::string_view code;
+  switch (http_status) {
+    case 400:
+      code = "malformed_request";
+      break;
+    case 405:
+      code = "method_not_allowed";
+      break;
+    case 408:
+      code = "request_timeout";
+      break;
+    case 413:
+      code = "request_too_large";
+      break;
+    case 431:
+      code = "headers_too_large";
+      break;
+    case 503:
+      code = "server_busy";
+      break;
+    default:
+      break;
+  }
+  Json error = Json::object();
+  error["message"] = message;
+  error["type"] = ErrorType(http_status);
+  error["param"] = Json();
+  error["code"] = code.empty() ? Json() : Json(code);
+  return Dump(Json{{"error", std::move(error)}});
+}
 
 std::string ErrorEvent(const absl::Status& status) {
   return absl::StrCat("data: ", ErrorBody(status), "\n\n");

@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/bounded_json.h"
 #include "conveyor.pb.h"
 #include "nlohmann/json.hpp"
 
@@ -40,6 +41,8 @@ struct ParseOptions {
   std::vector<std::string> model_aliases;
   // The most alternatives `logprobs` / `top_logprobs` may ask for (ServingLimits').
   int max_logprobs = 20;
+  // How deep and how large a body may be (checked before the body is parsed).
+  JsonLimits json_limits;
 };
 
 // OpenAI's default for /v1/completions when max_tokens is absent (chat requests without a
@@ -101,6 +104,10 @@ absl::Status WithCode(absl::Status status, absl::string_view code);
 int HttpStatusFor(const absl::Status& status);
 // {"error": {"message", "type", "param", "code"}} for a non-OK `status`.
 std::string ErrorBody(const absl::Status& status);
+// The same shape for an answer the HTTP transport or router gives by itself (400, 405, 408,
+// 413, 431, 503): the type follows the status, the code names the condition
+// ("request_timeout", "request_too_large", ...).
+std::string HttpErrorBody(int http_status, std::string_view message);
 // The same as one SSE event, for an error after a stream has started.
 std::string ErrorEvent(const absl::Status& status);
 

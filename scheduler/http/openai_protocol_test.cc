@@ -140,6 +140,8 @@ TEST(ParseRequestTest, BadRequestsNameTheField) {
       {R"({"prompt": "a", "best_of": 3})", "best_of", "best_of must be 1"},
       {R"({"prompt": "a", "suffix": "x"})", "suffix", "suffix is not supported"},
       {R"({"prompt": "a", "logprobs": 21})", "logprobs", "logprobs must be in [0, 20]"},
+      {R"({"prompt": "a", "logprobs": 1073741825})", "logprobs",
+       "logprobs must be in [0, 20], got 1073741825"},
       {R"({"prompt": "a", "logprobs": true})", "logprobs", "must be an integer"},
       {R"({"prompt": "a", "stop": 3})", "stop", "a string or a list of strings"},
       {R"({"prompt": "a", "stream": "yes"})", "stream", "true or false"},
@@ -162,6 +164,42 @@ TEST(ParseRequestTest, NotJsonIsABadRequest) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(HttpStatusFor(r.status()), 400) << body;
   }
+}
+
+// The five bodies that used to kill the scheduler (a stack overflow in the recursion that
+// copied, compared or printed the value), and the same depth in a field nobody reads:
+// all refused before the body is walked, naming the limit and never echoing the value.
+TEST(ParseRequestTest, DeepNestingAnywhereIsRefusedBeforeTheBodyIsWalked) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::vector<std::pair<Endpoint, std::string>> bodies = {
+      {Endpoint::kCompletions, R"({"prompt": [1, )" + deep + "]}"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x"}], "response_format": )" + deep + "}"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x"}], "tools": )" + deep + "}"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": "x", "name": )" + deep + "}]}"},
+      {Endpoint::kChatCompletions,
+       R"({"messages": [{"role": "user", "content": [{"type": "text", "text": )" + deep + "}]}]}"},
+      {Endpoint::kCompletions, R"({"prompt": "a", "ignored": )" + deep + "}"},
+  };
+  for (const auto& [endpoint, body] : bodies) {
+    auto r = ParseRequest(endpoint, body, Options());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(HttpStatusFor(r.status()), 400);
+    EXPECT_THAT(r.status().message(), HasSubstr("more than 64 levels deep"));
+    EXPECT_LT(ErrorBody(r.status()).size(), 400u);
+  }
+  // 64 levels are fine where the value is not read.
+  const std::string ok = std::string(63, '[') + std::string(63, ']');
+  EXPECT_TRUE(Completions(R"({"prompt": "a", "ignored": )" + ok + "}").ok());
+}
+
+TEST(ParseRequestTest, ARefusedValueIsQuotedOnlyInPart) {
+  auto r = Completions(R"({"prompt": [1, ")" + std::string(100000, 'x') + R"("]})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("token ids must be integers"));
+  EXPECT_LT(r.status().message().size(), 200u);
 }
 
 TEST(ParseRequestTest, AnUnknownModelIsNotFound) {

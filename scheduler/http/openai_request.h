@@ -1,0 +1,37 @@
+// An OpenAI request body all the way to the engine's Request: parsed within JsonLimits
+// (openai_protocol.h), a chat rendered through the model's template, then checked and
+// tokenized by BuildRequest exactly as a gRPC request is. What the HTTP server runs for
+// every generation off its I/O threads, and what tests/fuzz/http_request_fuzzer.cc drives.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "common/jinja/chat_template.h"
+#include "common/tokenizer.h"
+#include "scheduler/http/openai_protocol.h"
+#include "scheduler/request.h"
+#include "scheduler/request_builder.h"
+
+namespace conveyor::scheduler::openai {
+
+// What a chat request is rendered with.
+struct ChatTemplating {
+  // The model's template; null when it has none, which makes chat requests 400.
+  const jinja::ChatTemplate* chat_template = nullptr;
+  // The template's bos_token and eos_token variables.
+  std::string bos_token;
+  std::string eos_token;
+};
+
+// Parses `body`, renders it (chat) and builds the request. Errors are the client's
+// answer: INVALID_ARGUMENT naming the field in this API's terms, NOT_FOUND for an
+// unknown model. `parsed` gets what the answer's formatting needs.
+absl::StatusOr<std::unique_ptr<Request>> BuildOpenAiRequest(
+    Endpoint endpoint, std::string_view body, const ParseOptions& options,
+    const ChatTemplating& chat, const ServingLimits& limits, const Tokenizer& tokenizer,
+    ParsedRequest* parsed);
+
+}  // namespace conveyor::scheduler::openai
