@@ -288,6 +288,50 @@ def make_detokenizer_seeds(tokenizers):
         write("detokenizer_fuzzer", f"seed-llama2-{name}", data)
 
 
+# --- HTTP request bodies ----------------------------------------------------------------
+
+
+def make_http_request_seeds():
+    """The HTTP request fuzzer's input: one byte picking the endpoint (even: completions,
+    odd: chat), then the body."""
+    clear_seeds("http_request_fuzzer")
+    completions = {
+        "text": {"model": "tiny", "prompt": "Hello there", "max_tokens": 8},
+        "ids": {"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 2, "stream": True,
+                "stream_options": {"include_usage": True}},
+        "sampling": {"prompt": "a", "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": -3,
+                     "stop": ["\n", "END"], "presence_penalty": 0.5, "min_p": 0.1},
+        "batch_of_one": {"prompt": ["x"], "echo": False, "n": 1, "logit_bias": {}},
+        "bad_types": {"prompt": "a", "max_tokens": "8", "stream": "yes", "logprobs": 1e9},
+    }
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    chats = {
+        "plain": {"messages": [{"role": "system", "content": "Be brief."},
+                               {"role": "user", "content": "Hi"}], "max_tokens": 8},
+        "tools": {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                               {"role": "assistant", "content": None, "tool_calls": [
+                                   {"id": "c1", "type": "function", "function": {
+                                       "name": "get_weather",
+                                       "arguments": "{\"city\": \"Paris\"}"}}]},
+                               {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+                  "tools": tools, "tool_choice": "auto"},
+        "parts": {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                            {"type": "text", "text": "b"}]}],
+                  "logprobs": True, "top_logprobs": 3, "response_format": {"type": "text"}},
+        "bad_role": {"messages": [{"role": "wizard", "content": "x"}]},
+    }
+    for name, body in completions.items():
+        write("http_request_fuzzer", f"seed-completions-{name}", b"\x00" + json.dumps(body).encode())
+    for name, body in chats.items():
+        write("http_request_fuzzer", f"seed-chat-{name}", b"\x01" + json.dumps(body).encode())
+    deep = "[" * 70 + "]" * 70
+    write("http_request_fuzzer", "seed-deep", b"\x00" + f'{{"prompt": [1, {deep}]}}'.encode())
+    write("http_request_fuzzer", "seed-not-json", b"\x01" + b'{"messages": [')
+
+
 def main():
     if shutil.which("protoc") is None:
         sys.exit("protoc not found (scripts/install-deps.sh)")
@@ -296,6 +340,7 @@ def main():
     make_step_request_seeds()
     make_model_seeds()
     make_detokenizer_seeds(tokenizers)
+    make_http_request_seeds()
     print(f"fuzz corpus written under {CORPUS}")
 
 
