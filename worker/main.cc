@@ -229,6 +229,17 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   spdlog::info("conveyor-worker listening on {}:{} ({})", absl::GetFlag(FLAGS_host), port,
                TlsFilesFromFlags().any() ? "mTLS" : "plaintext");
+  if (!TlsFilesFromFlags().any()) {
+    // Once, here: the binding (worker/service.h) keeps a second scheduler out, but on a
+    // plaintext port anyone can present an identity, so the first to Init a free worker
+    // gets it.
+    spdlog::warn(
+        "no mTLS: any caller that reaches port {} first can bind this worker with an Init "
+        "and drive it, or hold it while it calls within --binding_lease_s; set "
+        "--tls_cert_file, --tls_key_file and --tls_ca_file here and --worker_tls_cert_file, "
+        "--worker_tls_key_file and --worker_tls_ca_file on the scheduler (docs/security.md)",
+        port);
+  }
 
   std::thread signal_thread(WaitForSignalThenShutdown, &service, signals);
   signal_thread.detach();

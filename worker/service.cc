@@ -6,11 +6,18 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/impl/rpc_service_method.h"
+#include "grpcpp/support/method_handler.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "spdlog/spdlog.h"
 
 namespace conveyor::worker {
@@ -35,10 +42,108 @@ void FillModelInfo(const ModelConfig& c, v1::ModelInfo* info) {
   info->set_num_parameters(c.NumParameters());
 }
 
+// Whether `a` asks for the model and layout `b` was loaded with: the collective id aside,
+// which every re-initialisation of a tensor-parallel group renews.
+bool SameModelAndLayout(const v1::InitRequest& a, const v1::InitRequest& b) {
+  v1::InitRequest same = a;
+  same.set_collective_id(b.collective_id());
+  return google::protobuf::util::MessageDifferencer::Equals(same, b);
+}
+
+// A real InitRequest is a path and a few numbers; a refused one at most this long is
+// read to say whether waiting for the worker could help at all.
+constexpr size_t kMaxExplainedInitBytes = 64 << 10;
+
+// Parses `raw` into `message`, or INVALID_ARGUMENT naming the message type and what is
+// wrong with the bytes.
+absl::Status ParseRequest(const grpc::ByteBuffer& raw, google::protobuf::Message* message) {
+  if (!raw.Valid()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the call carried no ", message->GetTypeName(), " message"));
+  }
+  grpc::ByteBuffer bytes(raw);  // Shares the slices: a reader needs its own buffer.
+  grpc::ProtoBufferReader reader(&bytes);
+  if (reader.status().ok() && message->ParseFromZeroCopyStream(&reader)) {
+    return absl::OkStatus();
+  }
+  // Which of the two ways it fails (only a malformed request pays for a second pass).
+  grpc::ByteBuffer again(raw);
+  grpc::ProtoBufferReader fields_reader(&again);
+  google::protobuf::UnknownFieldSet fields;
+  const bool wire_format =
+      fields_reader.status().ok() && fields.ParseFromZeroCopyStream(&fields_reader);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the request is not a valid ", message->GetTypeName(), " message: its ", raw.Length(),
+      " bytes ",
+      wire_format ? "are protobuf wire format, but a field does not fit the message (a nested "
+                    "message is malformed, or a string is not valid UTF-8)"
+                  : "are not protobuf wire format (a bad tag, or a length or number that "
+                    "runs past the end)"));
+}
+
+// The scheduler identity the call carries (empty: none).
+std::string_view CallerId(const grpc::ServerContext& context) {
+  const auto it = context.client_metadata().find(kSchedulerIdMetadataKey);
+  if (it == context.client_metadata().end()) return {};
+  return {it->second.data(), it->second.size()};
+}
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
 }  // namespace
 
 WorkerService::WorkerService(std::unique_ptr<model::Device> device, const Options& options)
-    : device_(std::move(device)), options_(options) {}
+    : device_(std::move(device)), options_(options) {
+  // The paths of proto/worker.proto's service Worker (as its generated code names them).
+  AddRawMethod("/conveyor.worker.v1.Worker/Init", Callers::kClaimants, &WorkerService::Init);
+  AddRawMethod("/conveyor.worker.v1.Worker/Step", Callers::kBoundOrNotInitialised,
+               &WorkerService::Step);
+  AddRawMethod("/conveyor.worker.v1.Worker/Health", Callers::kAnyone, &WorkerService::Health);
+  AddRawMethod("/conveyor.worker.v1.Worker/Shutdown", Callers::kBound, &WorkerService::Shutdown);
+  AddRawMethod("/conveyor.worker.v1.Worker/CreateCollectiveId", Callers::kClaimants,
+               &WorkerService::CreateCollectiveId);
+}
+
+template <class Request, class Response>
+void WorkerService::AddRawMethod(const char* path, Callers callers,
+                                 TypedCall<Request, Response> call) {
+  // As generated code registers a synchronous method, with bytes for messages
+  // (SerializationTraits<grpc::ByteBuffer> hands over what gRPC received): handlers run
+  // on the synchronous server's threads, where a step or an Init may take its time.
+  this->AddMethod(new grpc::internal::RpcServiceMethod(
+      path, grpc::internal::RpcMethod::NORMAL_RPC,
+      new grpc::internal::RpcMethodHandler<WorkerService, grpc::ByteBuffer, grpc::ByteBuffer>(
+          [callers, call](WorkerService* service, grpc::ServerContext* context,
+                          const grpc::ByteBuffer* raw, grpc::ByteBuffer* response) {
+            return service->HandleRaw(callers, call, context, *raw, response);
+          },
+          this)));
+}
+
+template <class Request, class Response>
+grpc::Status WorkerService::HandleRaw(Callers callers, TypedCall<Request, Response> call,
+                                      grpc::ServerContext* context, const grpc::ByteBuffer& raw,
+                                      grpc::ByteBuffer* response) {
+  if (absl::Status admitted = AdmitCaller(*context, callers); !admitted.ok()) {
+    if constexpr (std::is_same_v<Request, v1::InitRequest>) {
+      admitted = ExplainInitRefusal(std::move(admitted), raw);
+    }
+    return ToGrpcStatus(admitted);
+  }
+  Request request;
+  if (absl::Status parsed = ParseRequest(raw, &request); !parsed.ok()) {
+    spdlog::warn("a call of the bound scheduler refused: {}", std::string(parsed.message()));
+    return ToGrpcStatus(parsed);
+  }
+  Response typed_response;
+  if (grpc::Status status = (this->*call)(context, &request, &typed_response); !status.ok()) {
+    return status;
+  }
+  bool own_buffer = false;
+  return grpc::SerializationTraits<Response>::Serialize(typed_response, response, &own_buffer);
+}
 
 WorkerService::~WorkerService() = default;
 
@@ -54,9 +159,7 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
     // The scheduler re-initialises after a failure (or after it restarted): with the same
     // model and layout, a single rank keeps its model and drops every sequence; a
     // tensor-parallel rank must join the group's new communicator, so it reloads.
-    v1::InitRequest same = request;
-    same.set_collective_id(init_request_.collective_id());
-    if (!google::protobuf::util::MessageDifferencer::Equals(same, init_request_)) {
+    if (!SameModelAndLayout(request, init_request_)) {
       return absl::FailedPreconditionError(
           "worker is already initialised with another model or layout; restart it to load "
           "something else");
@@ -203,44 +306,96 @@ void WorkerService::UnloadLocked() {
   backend_.reset();
   init_request_.Clear();
   init_response_.Clear();
+  std::lock_guard<std::mutex> binding(binding_mu_);
+  loaded_init_.reset();
 }
 
-absl::Status WorkerService::AuthorizeLocked(const grpc::ServerContext& context, bool claim,
-                                            bool allow_unbound) {
-  const auto it = context.client_metadata().find(kSchedulerIdMetadataKey);
-  const std::string_view id = it == context.client_metadata().end()
-                                  ? std::string_view()
-                                  : std::string_view(it->second.data(), it->second.size());
+absl::Status WorkerService::CheckCallerLocked(std::string_view id, Callers callers,
+                                              std::chrono::steady_clock::time_point now) const {
+  if (callers == Callers::kAnyone || (!id.empty() && id == bound_scheduler_)) {
+    return absl::OkStatus();
+  }
   if (id.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "calls to a worker must carry the ", kSchedulerIdMetadataKey,
         " metadata of the scheduler it serves; only a conveyor-scheduler drives a worker"));
   }
+  if (bound_scheduler_.empty()) {
+    switch (callers) {
+      case Callers::kClaimants:
+        return absl::OkStatus();
+      case Callers::kBoundOrNotInitialised:
+        // What the call would say once parsed, whatever it asks: a worker holds nothing a
+        // step could touch before an Init succeeded (which binds it).
+        return absl::FailedPreconditionError("worker is not initialised; call Init first");
+      default:
+        return absl::PermissionDeniedError(
+            "this worker serves no scheduler yet; only the scheduler whose Init bound it may "
+            "shut it down");
+    }
+  }
+  // The bound scheduler's identity stays out of every message: it is all a caller needs
+  // to pass for it.
+  const auto silent = now - last_contact_;
+  const double lease_s = Seconds(options_.binding_lease);
+  if (silent > options_.binding_lease) {
+    if (callers == Callers::kClaimants) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "this worker served another scheduler, silent for %.1f s (beyond the %.0f s binding "
+        "lease): it is free, but only an Init that succeeds binds it to a new scheduler",
+        Seconds(silent), lease_s));
+  }
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "this worker serves another scheduler, which last called it %.1f s ago; it becomes "
+      "free for another once that scheduler has been silent for the %.0f s binding lease: "
+      "in %.1f s at the earliest (each of its calls, liveness checks included, renews the "
+      "lease)",
+      Seconds(silent), lease_s, Seconds(options_.binding_lease - silent)));
+}
+
+absl::Status WorkerService::AdmitCaller(const grpc::ServerContext& context, Callers callers) const {
+  std::lock_guard<std::mutex> binding(binding_mu_);
+  return CheckCallerLocked(CallerId(context), callers, std::chrono::steady_clock::now());
+}
+
+absl::Status WorkerService::ExplainInitRefusal(absl::Status refusal,
+                                               const grpc::ByteBuffer& raw) const {
+  if (refusal.code() != absl::StatusCode::kPermissionDenied ||
+      raw.Length() > kMaxExplainedInitBytes) {
+    return refusal;
+  }
+  v1::InitRequest request;
+  if (!ParseRequest(raw, &request).ok()) return refusal;
+  std::lock_guard<std::mutex> binding(binding_mu_);
+  if (!loaded_init_.has_value() || SameModelAndLayout(request, *loaded_init_)) return refusal;
+  // Not the model path: the refusal must not tell a stranger what another Init loaded.
+  return absl::PermissionDeniedError(absl::StrCat(
+      refusal.message(),
+      "; and it holds another model or layout than this Init asks for, so waiting for it "
+      "will not help: restart the worker to load another model"));
+}
+
+absl::Status WorkerService::AuthorizeLocked(const grpc::ServerContext& context, Callers callers) {
+  const std::string_view id = CallerId(context);
   const auto now = std::chrono::steady_clock::now();
-  const bool lapsed = !bound_scheduler_.empty() && now - last_contact_ > options_.binding_lease;
-  if (bound_scheduler_ == id) {
-    last_contact_ = now;
-    return absl::OkStatus();
-  }
-  // A worker nobody initialised holds nothing a step could touch: let the call say so
-  // ("not initialised") rather than refuse it. Shutdown still needs a binding.
-  if (allow_unbound && bound_scheduler_.empty()) return absl::OkStatus();
-  if (!claim || !(bound_scheduler_.empty() || lapsed)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "this worker serves another scheduler; it becomes free ",
-        std::chrono::duration_cast<std::chrono::seconds>(options_.binding_lease).count(),
-        " s after that scheduler's last call"));
-  }
-  if (lapsed) {
+  std::lock_guard<std::mutex> binding(binding_mu_);
+  RETURN_IF_ERROR(CheckCallerLocked(id, callers, now));
+  if (!id.empty() && id == bound_scheduler_) last_contact_ = now;
+  return absl::OkStatus();
+}
+
+void WorkerService::Bind(std::string_view id, const v1::InitRequest& request) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> binding(binding_mu_);
+  if (!bound_scheduler_.empty() && bound_scheduler_ != id) {
     spdlog::warn(
-        "the scheduler this worker served has been silent for over {} s; a new one "
-        "takes it over",
-        std::chrono::duration_cast<std::chrono::seconds>(options_.binding_lease).count());
-    if (engine_ != nullptr) engine_->Reset();
+        "the scheduler this worker served had been silent for {:.1f} s (binding lease: {:.0f} "
+        "s); a new one initialised it and takes it over",
+        Seconds(now - last_contact_), Seconds(options_.binding_lease));
   }
   bound_scheduler_ = std::string(id);
   last_contact_ = now;
-  return absl::OkStatus();
+  loaded_init_ = request;
 }
 
 grpc::Status WorkerService::Init(grpc::ServerContext* context, const v1::InitRequest* request,
@@ -248,12 +403,17 @@ grpc::Status WorkerService::Init(grpc::ServerContext* context, const v1::InitReq
   const auto deadline =
       std::min(context->deadline(), std::chrono::system_clock::now() + options_.rendezvous_timeout);
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/true); !allowed.ok()) {
+  if (absl::Status allowed = AuthorizeLocked(*context, Callers::kClaimants); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
   const absl::Status status = InitLocked(*request, deadline, response);
-  if (!status.ok()) spdlog::error("Init failed: {}", status.ToString());
-  return ToGrpcStatus(status);
+  if (!status.ok()) {
+    // Binds nothing: a caller whose Init fails holds no free worker.
+    spdlog::error("Init failed: {}", status.ToString());
+    return ToGrpcStatus(status);
+  }
+  Bind(CallerId(*context), *request);
+  return grpc::Status::OK;
 }
 
 absl::Status WorkerService::CheckInitializedLocked() const {
@@ -289,7 +449,7 @@ absl::Status WorkerService::AwaitPreviousStepLocked(std::unique_lock<std::mutex>
 grpc::Status WorkerService::Step(grpc::ServerContext* context, const v1::StepRequest* request,
                                  v1::StepResponse* response) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/false, /*allow_unbound=*/true);
+  if (absl::Status allowed = AuthorizeLocked(*context, Callers::kBoundOrNotInitialised);
       !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
@@ -324,7 +484,7 @@ grpc::Status WorkerService::Health(grpc::ServerContext* context, const v1::Healt
   std::lock_guard<std::mutex> lock(mu_);
   // Open to anyone (it changes nothing); from the bound scheduler it also renews the
   // binding while that scheduler is idle.
-  AuthorizeLocked(*context, /*claim=*/false).IgnoreError();
+  AuthorizeLocked(*context, Callers::kAnyone).IgnoreError();
   response->set_initialized(engine_ != nullptr);
   if (engine_ != nullptr) {
     response->set_num_sequences(engine_->num_sequences());
@@ -337,7 +497,7 @@ grpc::Status WorkerService::Shutdown(grpc::ServerContext* context, const v1::Shu
                                      v1::ShutdownResponse*) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/false); !allowed.ok()) {
+    if (absl::Status allowed = AuthorizeLocked(*context, Callers::kBound); !allowed.ok()) {
       return ToGrpcStatus(allowed);
     }
     spdlog::info("Shutdown requested by the scheduler");
@@ -350,7 +510,8 @@ grpc::Status WorkerService::CreateCollectiveId(grpc::ServerContext* context,
                                                const v1::CreateCollectiveIdRequest*,
                                                v1::CreateCollectiveIdResponse* response) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status allowed = AuthorizeLocked(*context, /*claim=*/true); !allowed.ok()) {
+  // Binds nothing (the group's Init does): creating an id holds no free worker.
+  if (absl::Status allowed = AuthorizeLocked(*context, Callers::kClaimants); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
   absl::StatusOr<std::string> id = CreateCollectiveIdLocked();
