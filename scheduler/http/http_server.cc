@@ -1,5 +1,7 @@
 #include "scheduler/http/http_server.h"
 
+#include <malloc.h>
+
 #include <chrono>
 #include <fstream>
 #include <mutex>
@@ -21,6 +23,8 @@ using openai::Endpoint;
 using openai::Json;
 
 constexpr char kJsonType[] = "application/json; charset=utf-8";
+// Bodies from this size on return the heap memory they used once parsed (malloc_trim).
+constexpr size_t kTrimAfterBodyBytes = 1 << 20;
 constexpr std::string_view kModelPrefix = "/v1/models/";
 
 enum class Route { kHealth, kModels, kModel, kCompletions, kChatCompletions, kUnknown };
@@ -322,8 +326,13 @@ void HttpServer::Handle(HttpRequest request, std::shared_ptr<HttpExchange> excha
   // Parsing, the chat template and tokenizing take time in proportion to the body: off the
   // I/O threads.
   auto owned = std::make_shared<HttpRequest>(std::move(request));
-  transport_->Offload(
-      [this, endpoint, owned, exchange, grant] { Generate(endpoint, *owned, exchange, grant); });
+  transport_->Offload([this, endpoint, owned, exchange, grant] {
+    const size_t body_bytes = owned->body().size();
+    Generate(endpoint, *owned, exchange, grant);
+    // glibc keeps what a large body and its JSON tree freed in the offload thread's arena
+    // (measured: ~50-90 MiB resident after four 1 Mi-value bodies); give it back.
+    if (body_bytes >= kTrimAfterBodyBytes) malloc_trim(0);
+  });
 }
 
 void HttpServer::Generate(Endpoint endpoint, HttpRequest& request,

@@ -430,12 +430,15 @@ class Connection final : public ConnectionBase,
     head_.path = std::string(target.substr(0, target.find('?')));
     head_.authorization = std::string(request[http::field::authorization]);
     if (std::optional<HttpResponse> refusal = shared_->handler->CheckHead(head_)) {
-      keep_alive_ = false;
+      // A request with a body left unread cannot be followed by another.
+      const bool body_unread = !parser_->is_done();
+      if (body_unread) keep_alive_ = false;
+      parser_.reset();
       DisarmRead();
       phase_ = Phase::kHandling;
       AppendHead(refusal->status, refusal->content_type, refusal->headers, refusal->body.size());
       out_ += refusal->body;
-      return Finish(/*linger=*/!parser_->is_done());
+      return Finish(/*linger=*/body_unread);
     }
     share_ = std::make_shared<BudgetShare>(shared_->budget);
     if (const auto length = parser_->content_length(); length.has_value()) {

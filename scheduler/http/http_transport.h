@@ -106,7 +106,8 @@ class HttpHandler {
  public:
   virtual ~HttpHandler() = default;
   // Called when the headers are in: an answer refuses the request before its body is
-  // read (unknown route, missing credentials) and the connection is closed after it.
+  // read (unknown route, missing credentials); a connection whose request had a body is
+  // closed after it.
   virtual std::optional<HttpResponse> CheckHead(const HttpRequestHead& head) = 0;
   // The whole request, on an I/O thread: answer through `exchange`, never block.
   virtual void Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) = 0;

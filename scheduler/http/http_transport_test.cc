@@ -246,8 +246,16 @@ TEST_F(HttpTransportTest, ARefusalFromCheckHeadSkipsTheBody) {
   Start();
   RawHttpClient c(port());
   ASSERT_TRUE(c.Send("POST /forbidden HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"));
-  EXPECT_EQ(StatusOf(c.ReadResponse()), 401);
+  const std::string response = c.ReadResponse();
+  EXPECT_EQ(StatusOf(response), 401);
+  EXPECT_THAT(response, HasSubstr("Connection: close"));  // Its body was never read.
   EXPECT_EQ(handler_.handled(), 0);
+  // Without a body the connection goes on.
+  RawHttpClient keep(port());
+  ASSERT_TRUE(keep.Send("GET /forbidden HTTP/1.1\r\nHost: x\r\n\r\n"));
+  EXPECT_EQ(StatusOf(keep.ReadResponse()), 401);
+  ASSERT_TRUE(keep.Send(Post("/echo", "after")));
+  EXPECT_THAT(keep.ReadResponse(), HasSubstr("after"));
 }
 
 TEST_F(HttpTransportTest, AtTheCapTheLongestIdleConnectionMakesRoom) {
