@@ -8,14 +8,17 @@
 # Only the scheduler's CPU is counted: the worker and the load generator share the
 # machine but not the measure.
 #
-# Usage: bench/run_http_bench.sh [BUILD_DIR] [ROUNDS] [CONCURRENCY]
-#   (defaults: build 2 64; builds nothing: run ninja for conveyor-worker,
-#    conveyor-scheduler and conveyor-bench first)
+# Usage: bench/run_http_bench.sh [BUILD_DIR] [ROUNDS] [CONCURRENCY] [REQUESTS_PER_STREAM]
+#   (defaults: build 2 64 4; builds nothing: run ninja for conveyor-worker,
+#    conveyor-scheduler and conveyor-bench first). The scheduler runs CONCURRENCY
+#    sequences per step (--max_num_seqs), so every stream is generating at once;
+#    REQUESTS_PER_STREAM 1 makes each run CONCURRENCY simultaneous streams and no more.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build="$(cd "${1:-$here/../build}" && pwd)"
 rounds="${2:-2}"
 concurrency="${3:-64}"
+per_stream="${4:-4}"
 model="$build/tests/testdata/llama3_gqa"
 [ -d "$model" ] || "$here/../tests/make_test_data.sh" "$build/tests/testdata" >/dev/null
 tmp="$(mktemp -d)"
@@ -53,7 +56,7 @@ worker_port="$(listening_port "$tmp/worker.out")"
 http_port="$(free_port)"
 metrics_port="$(free_port)"
 "$build/scheduler/conveyor-scheduler" --model="$model" --workers="127.0.0.1:$worker_port" \
-  --port=0 --metrics_port="$metrics_port" --http_port="$http_port" --max_num_seqs=64 \
+  --port=0 --metrics_port="$metrics_port" --http_port="$http_port" --max_num_seqs="$concurrency" \
   --log_level=warn >"$tmp/scheduler.out" 2>"$tmp/scheduler.log" &
 scheduler_pid=$!
 pids+=("$scheduler_pid")
@@ -73,7 +76,7 @@ for round in $(seq "$rounds"); do
     tok0="$(streamed_tokens)"
     "$build/bench/conveyor-bench" --server="127.0.0.1:$grpc_port" --api="$api" \
       --http_server="127.0.0.1:$http_port" --workload=fixed --input_len=32 --output_len=256 \
-      --num_requests=$((concurrency * 4)) --concurrency="$concurrency" --seed="$round" \
+      --num_requests=$((concurrency * per_stream)) --concurrency="$concurrency" --seed="$round" \
       --warmup_requests=1 --quiet --out="$tmp/$api-$round.json" >/dev/null 2>"$tmp/bench.log" ||
       { cat "$tmp/bench.log" >&2; exit 1; }
     cpu1="$(cpu_ticks)"

@@ -160,7 +160,8 @@ TEST(BoundedJsonTest, SyntaxErrorsSayWhere) {
 
 TEST(BoundedJsonTest, ANulByteIsNeverJson) {
   // nlohmann alone would accept "1" and ignore the rest.
-  for (const std::string& text : {std::string("1\0[[[", 5), std::string("{\"a\": \"x\0\"}", 12)}) {
+  using std::string_view_literals::operator""sv;
+  for (const std::string_view text : {"1\0[[["sv, "{\"a\": \"x\0\"}"sv}) {
     const absl::StatusOr<Json> parsed = ParseBoundedJson(text, JsonLimits{}, "doc");
     ASSERT_FALSE(parsed.ok());
     EXPECT_THAT(parsed.status().message(), HasSubstr("a NUL byte"));

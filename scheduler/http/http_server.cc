@@ -337,7 +337,7 @@ void HttpServer::Handle(HttpRequest request, std::shared_ptr<HttpExchange> excha
 
 void HttpServer::Generate(Endpoint endpoint, HttpRequest& request,
                           const std::shared_ptr<HttpExchange>& exchange,
-                          std::shared_ptr<TokenAuthenticator::Grant> grant) {
+                          const std::shared_ptr<TokenAuthenticator::Grant>& grant) {
   Engine* engine = engine_.load();
   openai::ParsedRequest parsed;
   absl::StatusOr<std::unique_ptr<Request>> built = openai::BuildOpenAiRequest(

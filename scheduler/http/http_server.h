@@ -100,7 +100,7 @@ class HttpServer final : private HttpHandler {
   // A generation request, on the offload pool from parsing to Submit.
   void Generate(openai::Endpoint endpoint, HttpRequest& request,
                 const std::shared_ptr<HttpExchange>& exchange,
-                std::shared_ptr<TokenAuthenticator::Grant> grant);
+                const std::shared_ptr<TokenAuthenticator::Grant>& grant);
   // The error answer for `status`, counted as a rejected HTTP request.
   void Reject(const absl::Status& status, HttpExchange& exchange) const;
 

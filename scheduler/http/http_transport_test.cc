@@ -263,6 +263,7 @@ TEST_F(HttpTransportTest, AtTheCapTheLongestIdleConnectionMakesRoom) {
   options.max_connections = 4;
   Start(options);
   std::vector<std::unique_ptr<RawHttpClient>> idle;
+  idle.reserve(4);
   for (int i = 0; i < 4; ++i) idle.push_back(std::make_unique<RawHttpClient>(port()));
   // The transport counts them once it accepted them.
   for (int i = 0; i < 100 && transport_->open_connections() < 4; ++i) {
@@ -357,6 +358,7 @@ TEST_F(HttpTransportTest, ThousandsOfIdleConnectionsCostNoThreads) {
   };
   const auto before = threads();
   std::vector<std::unique_ptr<RawHttpClient>> idle;
+  idle.reserve(2000);
   for (int i = 0; i < 2000; ++i) idle.push_back(std::make_unique<RawHttpClient>(port()));
   for (int i = 0; i < 500 && transport_->open_connections() < 2000; ++i) {
     std::this_thread::sleep_for(10ms);
