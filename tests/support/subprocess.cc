@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <random>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -108,19 +110,42 @@ int PortFromListeningLine(const std::string& line) {
   return absl::SimpleAtoi(line.substr(colon + 1), &port) ? port : -1;
 }
 
-int FreePort() {
+namespace {
+
+// Binds 127.0.0.1:`port` (0: any) and returns the port bound, or -1.
+int BindablePort(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  int port = -1;
+  int bound = -1;
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+    bound = ntohs(addr.sin_port);
   }
   close(fd);
-  return port;
+  return bound;
+}
+
+}  // namespace
+
+int FreePort() {
+  // The ephemeral range starts at 32768 by default; ports from 10000 to its start are
+  // never handed out as the local end of an outgoing connection.
+  int ephemeral_low = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> ephemeral_low;
+  if (ephemeral_low > 10000 + 1000) {
+    thread_local std::mt19937 rng(std::random_device{}());
+    std::uniform_int_distribution<int> pick(10000, ephemeral_low - 1);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      const int port = BindablePort(pick(rng));
+      if (port > 0) return port;
+    }
+  }
+  return BindablePort(0);
 }
 
 std::optional<std::string> HttpGet(int port, const std::string& path) {

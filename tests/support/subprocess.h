@@ -44,7 +44,10 @@ class Subprocess {
 // The port from a "... listening on HOST:PORT" line, or -1.
 int PortFromListeningLine(const std::string& line);
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, from below the kernel's ephemeral
+// range: a test that stops a server and starts it again on the same port must not find
+// the port taken meanwhile as the local end of some client's connection (tests that open
+// thousands of connections run beside it).
 int FreePort();
 
 // The body of http://127.0.0.1:PORT/PATH, or nullopt if the request failed.
