@@ -52,7 +52,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "common/tokenizer.h"
 #include "prometheus/registry.h"
 #include "scheduler/continuous_policy.h"
 #include "scheduler/engine.h"
@@ -63,6 +62,7 @@
 #include "scheduler/worker_group.h"
 #include "spdlog/spdlog.h"
 #include "tests/support/subprocess.h"
+#include "text/tokenizer.h"
 #include "worker.pb.h"
 
 #ifndef CONVEYOR_SOURCE_DIR

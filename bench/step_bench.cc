@@ -41,7 +41,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 #include "common/status_macros.h"
 #include "kernels/backend.h"
 #include "model/cuda/cuda_device.h"

@@ -17,8 +17,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "common/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "text/tokenizer.h"
 
 ABSL_FLAG(std::string, tokenizer, "", "model directory holding tokenizer.json or tokenizer.model");
 ABSL_FLAG(std::string, texts, "", "JSON array of the strings to encode");

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"

@@ -1,4 +1,4 @@
-#include "common/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
+#include "checkpoint/file_util.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 namespace conveyor {
 

@@ -1,10 +1,10 @@
-#include "common/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "common/safetensors_test_util.h"
+#include "checkpoint/safetensors_test_util.h"
 #include "common/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

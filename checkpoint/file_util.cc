@@ -1,4 +1,4 @@
-#include "common/file_util.h"
+#include "checkpoint/file_util.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/file_util.h"
+#include "checkpoint/file_util.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 

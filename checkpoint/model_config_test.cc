@@ -1,4 +1,4 @@
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 
 #include <filesystem>
 #include <functional>

@@ -1,4 +1,4 @@
-#include "common/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "common/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <cmath>
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/safetensors_test_util.h"
+#include "checkpoint/safetensors_test_util.h"
 #include "common/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

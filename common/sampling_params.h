@@ -1,7 +1,7 @@
 // How a sequence's next token is drawn from its logits. This is the one validated form:
 // the scheduler fills it from a client's request (unset fields keep the defaults below)
 // and checks it with ValidateSamplingParams; the step protocol carries it
-// (common/sampling_params_wire.h); the worker checks it again with the same function
+// (rpc/sampling_params_wire.h); the worker checks it again with the same function
 // (it trusts no peer) and its samplers read it.
 #pragma once
 

@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 #include "kernels/backend.h"
 #include "model/communicator.h"
 #include "model/device_sampler.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "model/kv_cache.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "common/status_macros.h"
 
 namespace conveyor::model {

@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 #include "kernels/backend.h"
 #include "model/communicator.h"
 #include "model/kv_cache.h"

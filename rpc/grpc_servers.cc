@@ -1,4 +1,4 @@
-#include "common/grpc_servers.h"
+#include "rpc/grpc_servers.h"
 
 #include <algorithm>
 #include <chrono>

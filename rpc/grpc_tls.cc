@@ -1,4 +1,4 @@
-#include "common/grpc_tls.h"
+#include "rpc/grpc_tls.h"
 
 #include <openssl/pem.h>
 #include <openssl/x509.h>

@@ -19,12 +19,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/tokenizer.h"
 #include "conveyor.grpc.pb.h"
 #include "scheduler/engine.h"
 #include "scheduler/metrics.h"
 #include "scheduler/request_builder.h"
 #include "scheduler/token_auth.h"
+#include "text/tokenizer.h"
 
 namespace conveyor::scheduler {
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace conveyor::scheduler {
 

@@ -17,15 +17,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "common/hf_tokenizer.h"
-#include "common/hf_tokenizer_test_util.h"
 #include "common/test_temp_dir.h"
-#include "common/tokenizer.h"
-#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/stop_matcher.h"
+#include "text/hf_tokenizer.h"
+#include "text/hf_tokenizer_test_util.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -70,7 +70,7 @@ bool IsValidUtf8(std::string_view text) {
 // Trains a BPE tokenizer with byte fallback with the spm_train tool, set up as
 // tests/model_gen's test models (unless `remove_extra_whitespaces`), and loads it; null
 // on failure, which is reported. (Linking sentencepiece's trainer instead would bring its
-// private protobuf next to gRPC's; see common/sentencepiece_shim.cc.)
+// private protobuf next to gRPC's; see text/sentencepiece_shim.cc.)
 std::unique_ptr<Tokenizer> TrainTokenizer(bool remove_extra_whitespaces = false) {
   TestTempDir dir;
   dir.WriteFile("corpus.txt", TrainingText());
@@ -574,7 +574,7 @@ TEST(DetokenizerWithoutExtraWhitespaceTest, StreamsAsDecodeDoes) {
 // --- tokenizer.json tokenizers ---------------------------------------------------------
 
 // Byte-level BPE (GPT-2, Llama 3, Qwen2) and Metaspace ones (Llama 2, Mistral), made by
-// HF's `tokenizers` (common/hf_tokenizer_test_util.h), with the reference's test strings
+// HF's `tokenizers` (text/hf_tokenizer_test_util.h), with the reference's test strings
 // and random id sequences as outputs to stream.
 struct HfCase {
   std::string name;

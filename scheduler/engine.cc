@@ -4,8 +4,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/utf8.h"
 #include "spdlog/spdlog.h"
+#include "text/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

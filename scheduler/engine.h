@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/tokenizer.h"
 #include "scheduler/block_manager.h"
 #include "scheduler/metrics.h"
 #include "scheduler/policy.h"
@@ -37,6 +36,7 @@
 #include "scheduler/step_encoder.h"
 #include "scheduler/step_executor.h"
 #include "scheduler/stop_checker.h"
+#include "text/tokenizer.h"
 
 namespace conveyor::scheduler {
 

@@ -13,14 +13,13 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/grpc_servers.h"
-#include "common/grpc_tls.h"
-#include "common/jinja/chat_template.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "rpc/grpc_servers.h"
+#include "rpc/grpc_tls.h"
 #include "scheduler/api_service.h"
 #include "scheduler/engine.h"
 #include "scheduler/http/http_server.h"
@@ -30,6 +29,7 @@
 #include "scheduler/worker_group.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "text/jinja/chat_template.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the client API (0.0.0.0: all).");
 ABSL_FLAG(int, port, 50051, "Port for the client API (gRPC); 0 picks a free one.");

@@ -4,8 +4,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/sampling_params_wire.h"
 #include "common/status_macros.h"
+#include "rpc/sampling_params_wire.h"
 
 namespace conveyor::scheduler {
 namespace {

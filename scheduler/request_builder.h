@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/tokenizer.h"
 #include "conveyor.pb.h"
 #include "scheduler/request.h"
+#include "text/tokenizer.h"
 
 namespace conveyor::scheduler {
 

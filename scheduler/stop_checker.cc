@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/utf8.h"
+#include "text/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

@@ -5,10 +5,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "common/step_protocol.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/grpc_status.h"
+#include "rpc/step_protocol.h"
 
 namespace conveyor::scheduler {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/bounded_json.h"
+#include "text/bounded_json.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "common/bounded_json.h"
+#include "text/bounded_json.h"
 
 #include <random>
 #include <string>

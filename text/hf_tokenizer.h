@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace conveyor {
 

@@ -1,4 +1,4 @@
-#include "common/hf_tokenizer_bpe.h"
+#include "text/hf_tokenizer_bpe.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,9 +6,9 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
-#include "common/hf_tokenizer_components.h"
-#include "common/hf_tokenizer_text.h"
 #include "nlohmann/json.hpp"
+#include "text/hf_tokenizer_components.h"
+#include "text/hf_tokenizer_text.h"
 
 namespace conveyor::hf {
 namespace {

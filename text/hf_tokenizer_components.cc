@@ -1,4 +1,4 @@
-#include "common/hf_tokenizer_components.h"
+#include "text/hf_tokenizer_components.h"
 
 #include <algorithm>
 #include <array>
@@ -6,10 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/hf_tokenizer_text.h"
 #include "common/status_macros.h"
-#include "common/utf8.h"
 #include "nlohmann/json.hpp"
+#include "text/hf_tokenizer_text.h"
+#include "text/utf8.h"
 
 namespace conveyor::hf {
 

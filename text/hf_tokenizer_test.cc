@@ -5,7 +5,7 @@
 // GPT-2, Llama 3, Qwen2, Llama 2, Mistral and a mix of the remaining components, and
 // records what `tokenizers` makes of thousands of strings and random id sequences. Every
 // id and every decoded text must be identical. Without the venv they fail, saying so.
-#include "common/hf_tokenizer.h"
+#include "text/hf_tokenizer.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -16,14 +16,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/hf_tokenizer_components.h"
-#include "common/hf_tokenizer_test_util.h"
-#include "common/hf_tokenizer_text.h"
 #include "common/test_temp_dir.h"
-#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "text/hf_tokenizer_components.h"
+#include "text/hf_tokenizer_test_util.h"
+#include "text/hf_tokenizer_text.h"
+#include "text/utf8.h"
 
 namespace conveyor {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/hf_tokenizer_text.h"
+#include "text/hf_tokenizer_text.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -10,7 +10,7 @@
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
-#include "common/utf8.h"
+#include "text/utf8.h"
 
 namespace conveyor::hf {
 

@@ -60,7 +60,7 @@ inline size_t CharSize(unsigned char lead) {
 }
 
 // Rust's String::from_utf8_lossy: each maximal ill-formed subsequence becomes one U+FFFD.
-// (Not common/utf8.h's ValidUtf8, which replaces byte by byte.)
+// (Not text/utf8.h's ValidUtf8, which replaces byte by byte.)
 void AppendLossyUtf8(std::string_view bytes, std::string* out);
 
 // --- Character classes, as Rust's `char` methods and `regex` crate define them ----------

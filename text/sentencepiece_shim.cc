@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/sentencepiece_compat.h"
+#include "text/sentencepiece_compat.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "common/sentencepiece_tokenizer.h"
+#include "text/sentencepiece_tokenizer.h"
 
 #include <dlfcn.h>
 #include <unistd.h>

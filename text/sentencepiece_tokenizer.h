@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace conveyor {
 

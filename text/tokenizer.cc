@@ -1,12 +1,12 @@
-#include "common/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <filesystem>
 #include <system_error>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/hf_tokenizer.h"
-#include "common/sentencepiece_tokenizer.h"
+#include "text/hf_tokenizer.h"
+#include "text/sentencepiece_tokenizer.h"
 
 namespace conveyor {
 

@@ -1,13 +1,13 @@
-#include "common/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/sentencepiece_compat.h"
 #include "common/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "text/sentencepiece_compat.h"
 
 namespace conveyor {
 namespace {

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/grpc_tls.h"
 #include "model/device.h"
+#include "rpc/grpc_tls.h"
 
 namespace conveyor::worker {
 

@@ -6,8 +6,8 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
-#include "common/sampling_params_wire.h"
 #include "common/status_macros.h"
+#include "rpc/sampling_params_wire.h"
 
 namespace conveyor::worker {
 namespace {

@@ -16,8 +16,8 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "common/grpc_tls.h"
 #include "model/communicator.h"
+#include "rpc/grpc_tls.h"
 
 namespace conveyor::worker {
 

@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -18,6 +17,7 @@
 #include "grpcpp/impl/rpc_service_method.h"
 #include "grpcpp/support/method_handler.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "rpc/grpc_status.h"
 #include "spdlog/spdlog.h"
 
 namespace conveyor::worker {

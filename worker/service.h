@@ -33,12 +33,12 @@
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 
-#include "common/step_protocol.h"
 #include "kernels/backend.h"
 #include "model/communicator.h"
 #include "model/device.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "rpc/step_protocol.h"
 #include "worker.pb.h"
 #include "worker/engine.h"
 #include "worker/metrics.h"

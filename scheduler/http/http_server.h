@@ -24,9 +24,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/bounded_json.h"
-#include "common/jinja/chat_template.h"
-#include "common/tokenizer.h"
 #include "scheduler/engine.h"
 #include "scheduler/http/http_transport.h"
 #include "scheduler/http/openai_protocol.h"
@@ -34,6 +31,9 @@
 #include "scheduler/metrics.h"
 #include "scheduler/request_builder.h"
 #include "scheduler/token_auth.h"
+#include "text/bounded_json.h"
+#include "text/jinja/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace conveyor::scheduler {
 

@@ -10,8 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
-#include "common/bounded_json.h"
 #include "common/status_macros.h"
+#include "text/bounded_json.h"
 
 namespace conveyor::scheduler::openai {
 namespace {

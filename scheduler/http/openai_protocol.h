@@ -23,9 +23,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/bounded_json.h"
 #include "conveyor.pb.h"
 #include "nlohmann/json.hpp"
+#include "text/bounded_json.h"
 
 namespace conveyor::scheduler::openai {
 
@@ -85,7 +85,7 @@ Json ChatTemplateContext(const ParsedRequest& request, std::string_view bos_toke
 
 // Makes the rendered chat prompt the request's text, with add_bos false: a template that
 // wants a BOS writes its text itself, and the tokenizer turns special-token text into its
-// id (common/tokenizer.h), as Hugging Face's apply_chat_template + encode(...,
+// id (text/tokenizer.h), as Hugging Face's apply_chat_template + encode(...,
 // add_special_tokens=False) does. Adding BOS again would double it.
 void SetChatPrompt(std::string rendered, v1::GenerateRequest* generate);
 

@@ -9,11 +9,11 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "common/jinja/chat_template.h"
-#include "common/tokenizer.h"
 #include "scheduler/http/openai_protocol.h"
 #include "scheduler/request.h"
 #include "scheduler/request_builder.h"
+#include "text/jinja/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace conveyor::scheduler::openai {
 

@@ -1,6 +1,6 @@
 // The HTTPS port's certificate and key, re-read when their files change, so a rotated
 // certificate (cert-manager rewriting a mounted Secret) is served by new connections
-// without a restart, as gRPC's ports do (common/grpc_tls.h).
+// without a restart, as gRPC's ports do (rpc/grpc_tls.h).
 //
 // Installed on an OpenSSL server context with Install: every handshake asks for the
 // current pair (SSL_CTX_set_cert_cb), and at most every `refresh_s` seconds a handshake

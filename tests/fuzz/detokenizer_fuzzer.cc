@@ -1,7 +1,7 @@
 // Fuzzes the tokenizer's Decode and the scheduler's streamed detokenizer
 // (scheduler/detokenizer.h) on arbitrary token ids, and aborts where they break their
 // contract:
-//  - Decode's text is well-formed UTF-8, whatever the ids (common/tokenizer.h);
+//  - Decode's text is well-formed UTF-8, whatever the ids (text/tokenizer.h);
 //  - every chunk Append and Flush return is well-formed UTF-8;
 //  - the chunks, concatenated, are the output decoded in its context: what
 //    Decode(context + output) adds to Decode(context), wherever the latter is a prefix of

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/hf_tokenizer.h"
+#include "text/hf_tokenizer.h"
 
 namespace conveyor::fuzz {
 

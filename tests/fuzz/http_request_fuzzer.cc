@@ -4,7 +4,7 @@
 // the bounded JSON parse, the chat template of tests/jinja_ref/templates/qwen25_style.jinja
 // with tools, BuildRequest with a real tokenizer).
 //
-// Differential: the bounded parser (common/bounded_json.h) against nlohmann's own parser
+// Differential: the bounded parser (text/bounded_json.h) against nlohmann's own parser
 // with no bound, whose tree's depth is measured here with an explicit stack. A document the
 // reference refuses must be refused; one deeper than the limit must be refused; one within
 // the limits must be accepted and parse to the same value.
@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/bounded_json.h"
-#include "common/jinja/chat_template.h"
 #include "scheduler/http/openai_request.h"
 #include "tests/fuzz/fuzz_support.h"
+#include "text/bounded_json.h"
+#include "text/jinja/chat_template.h"
 
 namespace conveyor::fuzz {
 namespace {

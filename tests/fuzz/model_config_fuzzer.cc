@@ -1,4 +1,4 @@
-// Fuzzes common/model_config.h's ParseModelConfig on arbitrary config.json text. Beyond
+// Fuzzes checkpoint/model_config.h's ParseModelConfig on arbitrary config.json text. Beyond
 // the sanitizers, it checks that what it accepts is a shape the model code can build:
 // positive sizes, whole heads, KV heads that divide the attention heads, token ids inside
 // the vocabulary.
@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace conveyor::fuzz {

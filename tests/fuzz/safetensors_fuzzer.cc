@@ -1,4 +1,4 @@
-// Fuzzes common/safetensors.h's header parser on whole files held in memory
+// Fuzzes checkpoint/safetensors.h's header parser on whole files held in memory
 // (SafetensorsFile::Parse, which Open uses on its mapping), then reads every tensor it
 // accepted: ASan catches any read a validated tensor makes outside the input. Beyond the
 // sanitizers, it checks that each tensor's bytes are what its dtype and shape need.
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace conveyor::fuzz {

@@ -18,12 +18,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_config.h"
-#include "common/step_protocol.h"
+#include "checkpoint/model_config.h"
 #include "grpcpp/test/server_context_test_spouse.h"
 #include "kernels/backend.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "rpc/step_protocol.h"
 #include "spdlog/spdlog.h"
 #include "tests/fuzz/fuzz_support.h"
 #include "tests/support/random_weights.h"

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model_config.h"
+#include "checkpoint/model_config.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "model/direct_runner.h"

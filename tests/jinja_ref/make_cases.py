@@ -14,7 +14,7 @@ configures it for chat templates, does with that template and context:
 The templates are the model-style files in templates/ (each written for this test to
 use the constructs of one model family's template) and the short expression templates
 below; the contexts are generated from a fixed seed, so the cases are the same on every
-run. common/jinja/jinja_test.cc renders each case with the C++ interpreter and compares.
+run. text/jinja/jinja_test.cc renders each case with the C++ interpreter and compares.
 
 Exits with status 3 when jinja2 is missing (scripts/install-deps.sh installs it).
 """

@@ -15,11 +15,11 @@
 #include <mutex>
 #include <thread>
 
-#include "common/step_protocol.h"
 #include "conveyor.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health.grpc.pb.h"
+#include "rpc/step_protocol.h"
 #include "tests/support/server_process.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"

@@ -1,11 +1,11 @@
 // A gRPC client context that presents itself to a worker as its scheduler (the identity
-// a worker binds to: common/step_protocol.h), for tests that drive workers directly.
+// a worker binds to: rpc/step_protocol.h), for tests that drive workers directly.
 #pragma once
 
 #include <string>
 
-#include "common/step_protocol.h"
 #include "grpcpp/client_context.h"
+#include "rpc/step_protocol.h"
 
 namespace conveyor::testing {
 

@@ -14,8 +14,8 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
-#include "common/tokenizer.h"
 #include "gtest/gtest.h"
+#include "text/tokenizer.h"
 
 namespace conveyor::testing {
 
@@ -27,7 +27,7 @@ inline int ByteToken(unsigned char byte) { return 3 + byte; }
 
 // Trains and loads the tokenizer; null on failure, which is reported. (Linking
 // sentencepiece's trainer instead would bring its private protobuf next to gRPC's; see
-// common/sentencepiece_shim.cc.)
+// text/sentencepiece_shim.cc.)
 inline std::unique_ptr<Tokenizer> TrainTestTokenizer() {
   std::string corpus;
   for (const char* line :

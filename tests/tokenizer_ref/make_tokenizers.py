@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference data for common/hf_tokenizer_test.cc, made with HF's `tokenizers` package.
+"""Reference data for text/hf_tokenizer_test.cc, made with HF's `tokenizers` package.
 
 Trains six small BPE tokenizers on the repository corpus, each set up in the style of a
 model family (the regexes and settings are written here, not copied from any model's

@@ -7,15 +7,15 @@
 
 #include <atomic>
 
-#include "common/step_protocol.h"
-#include "common/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/step_protocol.h"
 #include "scheduler/engine.h"
 #include "scheduler/request_builder.h"
 #include "scheduler/worker_group.h"
 #include "tests/support/recording_sink.h"
 #include "tests/support/test_support.h"
+#include "text/tokenizer.h"
 #include "worker/cpu_device.h"
 #include "worker/service.h"
 

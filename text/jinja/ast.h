@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/jinja/builtins.h"
-#include "common/jinja/operators.h"
-#include "common/jinja/value.h"
+#include "text/jinja/builtins.h"
+#include "text/jinja/operators.h"
+#include "text/jinja/value.h"
 
 namespace conveyor::jinja {
 

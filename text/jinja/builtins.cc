@@ -1,4 +1,4 @@
-#include "common/jinja/builtins.h"
+#include "text/jinja/builtins.h"
 
 #include <sys/time.h>
 
@@ -8,11 +8,11 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
-#include "common/jinja/json_dumps.h"
-#include "common/jinja/methods.h"
-#include "common/jinja/operators.h"
-#include "common/jinja/text.h"
 #include "common/status_macros.h"
+#include "text/jinja/json_dumps.h"
+#include "text/jinja/methods.h"
+#include "text/jinja/operators.h"
+#include "text/jinja/text.h"
 
 namespace conveyor::jinja {
 namespace {

@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "common/jinja/value.h"
+#include "text/jinja/value.h"
 
 namespace conveyor::jinja {
 

@@ -1,4 +1,4 @@
-#include "common/jinja/chat_template.h"
+#include "text/jinja/chat_template.h"
 
 #include <filesystem>
 #include <fstream>
@@ -6,10 +6,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/jinja/ast.h"
-#include "common/jinja/parser.h"
-#include "common/jinja/renderer.h"
 #include "common/status_macros.h"
+#include "text/jinja/ast.h"
+#include "text/jinja/parser.h"
+#include "text/jinja/renderer.h"
 
 namespace conveyor::jinja {
 namespace {

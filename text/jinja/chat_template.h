@@ -3,7 +3,7 @@
 //
 // Models ship the template in tokenizer_config.json ("chat_template") or in
 // chat_template.jinja, written for Python's jinja2 as Hugging Face transformers configures
-// it. This interpreter (the rest of common/jinja/) reproduces that environment byte for
+// it. This interpreter (the rest of text/jinja/) reproduces that environment byte for
 // byte on what chat templates use:
 //   - ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
 //     extensions=[loopcontrols]): default (lenient) Undefined, no autoescaping, one
@@ -16,7 +16,7 @@
 //   - `{% generation %}...{% endgeneration %}` (transformers' AssistantTracker) renders its
 //     body unchanged.
 // Values follow Python: str() of None/True/1.0/lists/dicts, 1 == 1.0 == True, floor
-// division and modulo, slicing over code points. common/jinja/README.md lists what is
+// division and modulo, slicing over code points. text/jinja/README.md lists what is
 // supported and the known gaps.
 //
 // Everything a template could get wrong is found as early as possible: Parse rejects

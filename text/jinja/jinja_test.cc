@@ -10,9 +10,9 @@
 #include <sstream>
 #include <string>
 
-#include "common/jinja/chat_template.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "text/jinja/chat_template.h"
 
 namespace conveyor::jinja {
 namespace {

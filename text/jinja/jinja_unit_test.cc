@@ -6,12 +6,12 @@
 #include <thread>
 #include <vector>
 
-#include "common/jinja/chat_template.h"
-#include "common/jinja/text.h"
-#include "common/jinja/value.h"
 #include "common/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "text/jinja/chat_template.h"
+#include "text/jinja/text.h"
+#include "text/jinja/value.h"
 
 namespace conveyor::jinja {
 namespace {

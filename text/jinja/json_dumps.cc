@@ -1,11 +1,11 @@
-#include "common/jinja/json_dumps.h"
+#include "text/jinja/json_dumps.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "common/jinja/operators.h"
-#include "common/jinja/text.h"
 #include "common/status_macros.h"
+#include "text/jinja/operators.h"
+#include "text/jinja/text.h"
 
 namespace conveyor::jinja {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/jinja/value.h"
+#include "text/jinja/value.h"
 
 namespace conveyor::jinja {
 

@@ -1,10 +1,10 @@
-#include "common/jinja/lexer.h"
+#include "text/jinja/lexer.h"
 
 #include <algorithm>
 #include <charconv>
 
 #include "absl/strings/str_cat.h"
-#include "common/jinja/text.h"
+#include "text/jinja/text.h"
 
 namespace conveyor::jinja {
 namespace {

@@ -12,7 +12,7 @@
 #include <optional>
 #include <string_view>
 
-#include "common/jinja/value.h"
+#include "text/jinja/value.h"
 
 namespace conveyor::jinja {
 

@@ -1,12 +1,12 @@
-#include "common/jinja/operators.h"
+#include "text/jinja/operators.h"
 
 #include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "common/jinja/methods.h"
-#include "common/jinja/text.h"
 #include "common/status_macros.h"
+#include "text/jinja/methods.h"
+#include "text/jinja/text.h"
 
 namespace conveyor::jinja {
 namespace {

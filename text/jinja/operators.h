@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/jinja/value.h"
+#include "text/jinja/value.h"
 
 namespace conveyor::jinja {
 

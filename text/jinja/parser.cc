@@ -1,4 +1,4 @@
-#include "common/jinja/parser.h"
+#include "text/jinja/parser.h"
 
 #include <algorithm>
 #include <initializer_list>
@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/jinja/lexer.h"
 #include "common/status_macros.h"
+#include "text/jinja/lexer.h"
 
 namespace conveyor::jinja {
 namespace {

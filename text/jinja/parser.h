@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "common/jinja/ast.h"
+#include "text/jinja/ast.h"
 
 namespace conveyor::jinja {
 

@@ -1,9 +1,9 @@
-#include "common/jinja/renderer.h"
+#include "text/jinja/renderer.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/jinja/lexer.h"
-#include "common/jinja/operators.h"
 #include "common/status_macros.h"
+#include "text/jinja/lexer.h"
+#include "text/jinja/operators.h"
 
 namespace conveyor::jinja {
 namespace {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/jinja/ast.h"
-#include "common/jinja/value.h"
+#include "text/jinja/ast.h"
+#include "text/jinja/value.h"
 
 namespace conveyor::jinja {
 

@@ -1,4 +1,4 @@
-#include "common/jinja/text.h"
+#include "text/jinja/text.h"
 
 #include <locale.h>
 #include <wctype.h>

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/utf8.h"
+#include "text/utf8.h"
 
 namespace conveyor::jinja::text {
 

@@ -1,11 +1,11 @@
-#include "common/jinja/value.h"
+#include "text/jinja/value.h"
 
 #include <charconv>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/jinja/text.h"
+#include "text/jinja/text.h"
 
 namespace conveyor::jinja {
 namespace {
