@@ -1,6 +1,8 @@
 // The stages of an HF tokenizers pipeline around the model (hf_tokenizer.h runs them):
 // normalizers and pre-tokenizers on the way in, post-processors and decoders on the way
-// out, each built from its tokenizer.json object by a Parse* function.
+// out, each built from its tokenizer.json object by a Parse* function. One file per stage
+// (hf_normalizers.cc, hf_pre_tokenizers.cc, hf_post_processors.cc, hf_decoders.cc); what
+// they share is hf_stage_util.h.
 //
 // Each stage does what the `tokenizers` library's component of the same name does to the
 // text or ids; offsets are not tracked, as nothing here needs them. A type the parser
