@@ -31,10 +31,10 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_pool.h"
+#include "model/cpu/cpu_device.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "worker.pb.h"
-#include "worker/cpu_device.h"
 #include "worker/engine.h"
 
 namespace conveyor::bench {
@@ -59,7 +59,7 @@ struct Options {
   int threads = 0;
   bool quick = false;
   kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32;
-  worker::CpuKvChoice kv = worker::CpuKvChoice::kAuto;  // --kv_dtype, as the worker's flag.
+  model::CpuKvChoice kv = model::CpuKvChoice::kAuto;  // --kv_dtype, as the worker's flag.
 };
 
 // How the worker stores linear weights (--weight_dtype), and the same for the GEMM
@@ -692,7 +692,7 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       }
     } else if (arg == "--kv_dtype") {
       const char* v = value();
-      absl::StatusOr<worker::CpuKvChoice> kv = worker::ParseCpuKvChoice(v == nullptr ? "" : v);
+      absl::StatusOr<model::CpuKvChoice> kv = model::ParseCpuKvChoice(v == nullptr ? "" : v);
       if (!kv.ok()) return false;
       o->kv = *kv;
     } else if (arg == "--threads") {
@@ -722,7 +722,7 @@ int Main(int argc, char** argv) {
   }
   if (opt.threads == 0) opt.threads = std::max(1u, std::thread::hardware_concurrency());
   g_weight_type = opt.weights;
-  g_kv_type = worker::ResolveCpuKvDtype(opt.kv, opt.weights);
+  g_kv_type = model::ResolveCpuKvDtype(opt.kv, opt.weights);
   const Effort e = opt.quick ? Effort{3, 2, 2, 8, false, 3} : Effort{5, 3, 3, 32, true, 7};
 
   const double load_before = LoadAverage();

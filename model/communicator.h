@@ -1,9 +1,9 @@
 // Collective operations between the tensor-parallel ranks of one model replica, on
-// activations in backend memory. LlamaModel (worker/model.h) calls them in the same order
+// activations in backend memory. LlamaModel (model/model.h) calls them in the same order
 // on every rank: all-reduce after each row-parallel layer, all-gather of the logits.
 //
 // Implementations: one rank (no-ops), Gloo over TCP for the CPU backend
-// (gloo_communicator.h), NCCL for the CUDA backend (nccl_communicator.h). The ranks find
+// (cpu/gloo_communicator.h), NCCL for the CUDA backend (cuda/nccl_communicator.h). The ranks find
 // each other through a collective id that rank 0 creates (Worker.CreateCollectiveId) and
 // the scheduler hands to every rank's Init; its first bytes name the implementation.
 #pragma once

@@ -5,9 +5,10 @@
 // captured graphs. The worker picks one Device at start-up, from its --backend flag,
 // and from then on never asks which one it has.
 //
-// Implementations: the CPU device (worker/cpu_device.h: its Gloo rendezvous is a gRPC
-// service of the worker process, so it lives with the worker) and the CUDA device
-// (model/cuda/cuda_device.h: no gRPC, so the GPU-only test build has it too).
+// Implementations: the CPU device (model/cpu/cpu_device.h: its ranks meet through the
+// Rendezvous of model/rendezvous.h, which the worker serves over gRPC) and the CUDA device
+// (model/cuda/cuda_device.h). Neither uses gRPC, so the GPU-only test build has the model
+// runtime whole.
 #pragma once
 
 #include <chrono>

@@ -14,15 +14,14 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "kernels/cpu/cpu_isa.h"
-#include "kernels/cpu/gemm.h"
+#include "model/cpu/cpu_device.h"
 #include "model/cuda/cuda_device.h"
 #include "prometheus/registry.h"
 #include "rpc/grpc_servers.h"
 #include "rpc/grpc_tls.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
-#include "worker/cpu_device.h"
+#include "worker/grpc_rendezvous.h"
 #include "worker/metrics_server.h"
 #include "worker/service.h"
 
@@ -117,24 +116,19 @@ absl::StatusOr<std::unique_ptr<conveyor::model::Device>> MakeDevice(const std::s
   if (name == "cpu") {
     // The kernels' instruction set is fixed for the process on first use: refuse a
     // CONVEYOR_CPU_ISA that would be ignored, and say what runs.
-    if (std::string error = conveyor::kernels::CpuIsaEnvironmentError(); !error.empty()) {
+    if (std::string error = conveyor::model::CpuIsaEnvironmentError(); !error.empty()) {
       return absl::InvalidArgumentError(error);
     }
-    spdlog::info("CPU kernels: {} (this CPU has: {}{}); bf16 weights multiply with {}",
-                 conveyor::kernels::CpuIsaName(conveyor::kernels::ActiveCpuIsa()),
-                 conveyor::kernels::CpuFeatureSummary(),
-                 conveyor::kernels::ActiveCpuIsa() < conveyor::kernels::DetectedCpuIsa()
-                     ? "; lowered by CONVEYOR_CPU_ISA"
-                     : "",
-                 conveyor::kernels::Bf16ArithmeticChoice());
-    conveyor::worker::CpuDeviceOptions cpu;
+    spdlog::info("CPU kernels: {}", conveyor::model::CpuKernelsSummary());
+    conveyor::model::CpuDeviceOptions cpu;
     cpu.num_threads = absl::GetFlag(FLAGS_threads);
     ASSIGN_OR_RETURN(cpu.weights,
-                     conveyor::worker::ParseCpuWeightChoice(absl::GetFlag(FLAGS_cpu_weight_dtype)));
-    ASSIGN_OR_RETURN(cpu.kv, conveyor::worker::ParseCpuKvChoice(absl::GetFlag(FLAGS_cpu_kv_dtype)));
+                     conveyor::model::ParseCpuWeightChoice(absl::GetFlag(FLAGS_cpu_weight_dtype)));
+    ASSIGN_OR_RETURN(cpu.kv, conveyor::model::ParseCpuKvChoice(absl::GetFlag(FLAGS_cpu_kv_dtype)));
     cpu.collective_host = CollectiveHost();
-    cpu.tls = TlsFilesFromFlags();
-    return conveyor::worker::MakeCpuDevice(cpu);
+    // The ranks meet through a store rank 0 serves over gRPC, with the workers' mTLS.
+    cpu.rendezvous = conveyor::worker::MakeGrpcRendezvous(TlsFilesFromFlags());
+    return conveyor::model::MakeCpuDevice(cpu);
   }
   if (name == "cuda") {
     conveyor::model::CudaDeviceOptions cuda;

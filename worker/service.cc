@@ -199,87 +199,63 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
     return absl::InvalidArgumentError("max_step_tokens and max_num_seqs must be >= 0");
   }
 
-  const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(const ModelConfig checkpoint, LoadModelConfig(request.model_path()));
-  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, device_->MakeBackend(checkpoint));
-  absl::StatusOr<std::unique_ptr<model::Communicator>> comm =
-      device_->Connect(request.collective_id(), request.tp_rank(), world, backend.get(), deadline);
-  if (request.tp_rank() == 0) {
-    // Connected, every rank is done with the rendezvous; failed, the group needs a new id.
-    device_->EndRendezvous();
-    created_collective_id_.clear();
-  }
-  RETURN_IF_ERROR(comm.status());
+  model::RankOptions rank_options;
+  rank_options.model_path = request.model_path();
+  rank_options.rank = request.tp_rank();
+  rank_options.world_size = world;
+  rank_options.collective_id = request.collective_id();
+  rank_options.block_size = block_size;
+  rank_options.max_step_tokens =
+      request.max_step_tokens() == 0 ? kDefaultMaxStepTokens : request.max_step_tokens();
+  rank_options.max_num_seqs =
+      request.max_num_seqs() == 0 ? kDefaultMaxStepSequences : request.max_num_seqs();
+  rank_options.kv_cache_bytes = request.kv_cache_bytes();
+  absl::StatusOr<std::unique_ptr<model::Rank>> rank =
+      model::Rank::Create(*device_, rank_options, deadline);
+  // Rank 0's collective id served its one rendezvous, connected or not.
+  if (request.tp_rank() == 0) created_collective_id_.clear();
+  RETURN_IF_ERROR(rank.status());
   if (world > 1) {
     spdlog::info("rank {} of {} joined its tensor-parallel group", request.tp_rank(), world);
   }
-  ASSIGN_OR_RETURN(auto model,
-                   model::LlamaModel::Load(request.model_path(), backend.get(), comm->get()));
-  const ModelConfig& c = model->config();
-  StepEngine::Options engine_options;
-  engine_options.max_step_tokens =
-      request.max_step_tokens() == 0 ? kDefaultMaxStepTokens : request.max_step_tokens();
-  engine_options.max_num_seqs =
-      request.max_num_seqs() == 0 ? kDefaultMaxStepSequences : request.max_num_seqs();
-  engine_options.tp_rank = request.tp_rank();
-  // Before the KV cache is sized, whatever else a step needs: the largest step's
-  // activations and the sampler's scratch come out of the same memory.
-  RETURN_IF_ERROR(
-      model->ReserveActivations(engine_options.max_step_tokens, engine_options.max_num_seqs));
-  if (device_->decode_graphs()) {
-    RETURN_IF_ERROR(model->EnableDecodeGraphs(engine_options.max_num_seqs));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<model::DeviceSampler> device_sampler,
-                   device_->MakeSampler(backend.get(), c.vocab_size, engine_options.max_num_seqs));
-  const size_t block_bytes =
-      model::KvCache::BytesPerBlock(c.num_layers, model->local_num_kv_heads(), c.head_dim,
-                                    block_size, backend->kv_element_bytes());
-  uint64_t budget = request.kv_cache_bytes();
-  if (budget == 0) {
-    ASSIGN_OR_RETURN(budget, device_->DefaultKvBudgetBytes(backend.get()));
-  }
-  const uint64_t num_blocks = budget / block_bytes;
-  if (num_blocks > static_cast<uint64_t>(INT32_MAX)) {
-    return absl::InvalidArgumentError("kv_cache_bytes is too large");
-  }
-  ASSIGN_OR_RETURN(auto cache,
-                   model::KvCache::Create(backend.get(), c.num_layers, model->local_num_kv_heads(),
-                                          c.head_dim, block_size, static_cast<int>(num_blocks)));
-  const double load_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const ModelConfig& c = (*rank)->config();
+  model::KvCache& cache = (*rank)->cache();
 
-  response->set_num_kv_blocks(cache->num_blocks());
+  response->set_num_kv_blocks(cache.num_blocks());
   response->set_block_size(block_size);
   FillModelInfo(c, response->mutable_model());
-  response->mutable_model()->set_compute_dtype(backend->activation_bytes() == 4 ? "float32"
-                                                                                : "bfloat16");
-  response->set_weight_bytes(model->weight_bytes());
-  response->set_kv_cache_bytes(cache->size_bytes());
-  response->set_load_time_ms(load_ms);
-  response->set_backend(backend->name());
+  response->mutable_model()->set_compute_dtype(std::string((*rank)->compute_dtype()));
+  response->set_weight_bytes((*rank)->weight_bytes());
+  response->set_kv_cache_bytes(cache.size_bytes());
+  response->set_load_time_ms((*rank)->load_ms());
+  response->set_backend(std::string((*rank)->backend_name()));
   response->set_orders_steps(true);
   response->set_computes_on_host_cores(device_->computes_on_host_cores());
   spdlog::info(
       "loaded {} ({} layers, {} parameters; rank {} of {}) on {} in {:.0f} ms; KV "
       "cache: {} blocks of {} tokens ({} MiB)",
       request.model_path(), c.num_layers, c.NumParameters(), request.tp_rank(), world,
-      backend->name(), load_ms, cache->num_blocks(), block_size, cache->size_bytes() >> 20);
+      (*rank)->backend_name(), (*rank)->load_ms(), cache.num_blocks(), block_size,
+      cache.size_bytes() >> 20);
 
   if (options_.metrics != nullptr) {
     options_.metrics->Initialized(std::filesystem::path(request.model_path()).filename().string(),
-                                  request.tp_rank(), load_ms / 1000,
-                                  static_cast<double>(model->weight_bytes()),
-                                  static_cast<double>(cache->size_bytes()));
+                                  request.tp_rank(), (*rank)->load_ms() / 1000,
+                                  static_cast<double>((*rank)->weight_bytes()),
+                                  static_cast<double>(cache.size_bytes()));
   }
-  engine_ = std::make_unique<StepEngine>(model.get(), cache.get(), engine_options);
-  if (device_sampler != nullptr) engine_->set_device_sampler(std::move(device_sampler));
+  StepEngine::Options engine_options;
+  engine_options.max_step_tokens = rank_options.max_step_tokens;
+  engine_options.max_num_seqs = rank_options.max_num_seqs;
+  engine_options.tp_rank = request.tp_rank();
+  engine_ = std::make_unique<StepEngine>(&(*rank)->model(), &cache, engine_options);
+  if (auto device_sampler = (*rank)->TakeDeviceSampler(); device_sampler != nullptr) {
+    engine_->set_device_sampler(std::move(device_sampler));
+  }
   init_request_ = request;
   init_response_ = *response;
   unload_reason_ = absl::OkStatus();
-  backend_ = std::move(backend);
-  comm_ = std::move(*comm);
-  model_ = std::move(model);
-  cache_ = std::move(cache);
+  rank_ = *std::move(rank);
   return absl::OkStatus();
 }
 
@@ -300,10 +276,7 @@ absl::StatusOr<std::string> WorkerService::CreateCollectiveIdLocked() {
 void WorkerService::UnloadLocked() {
   step_done_.notify_all();  // A step waiting for another finds no model now.
   engine_.reset();
-  cache_.reset();
-  model_.reset();
-  comm_.reset();
-  backend_.reset();
+  rank_.reset();
   init_request_.Clear();
   init_response_.Clear();
   std::lock_guard<std::mutex> binding(binding_mu_);

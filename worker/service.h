@@ -33,11 +33,8 @@
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 
-#include "kernels/backend.h"
-#include "model/communicator.h"
 #include "model/device.h"
-#include "model/kv_cache.h"
-#include "model/model.h"
+#include "model/rank.h"
 #include "rpc/step_protocol.h"
 #include "worker.pb.h"
 #include "worker/engine.h"
@@ -56,7 +53,7 @@ class WorkerService final : public grpc::Service {
     std::chrono::milliseconds binding_lease{30'000};
   };
 
-  // Computes on `device` (worker/cpu_device.h, model/cuda/cuda_device.h). Registers the
+  // Computes on `device` (model/cpu/cpu_device.h, model/cuda/cuda_device.h). Registers the
   // five methods of proto/worker.proto with gRPC (ServerBuilder::RegisterService).
   WorkerService(std::unique_ptr<model::Device> device, const Options& options);
   ~WorkerService() override;
@@ -151,10 +148,7 @@ class WorkerService final : public grpc::Service {
   const std::unique_ptr<model::Device> device_;
   const Options options_;
   mutable std::mutex mu_;  // Serialises Init and Step; guards the members up to binding_mu_.
-  std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<model::Communicator> comm_;
-  std::unique_ptr<model::LlamaModel> model_;
-  std::unique_ptr<model::KvCache> cache_;
+  std::unique_ptr<model::Rank> rank_;  // The loaded model: engine_ runs on it.
   std::unique_ptr<StepEngine> engine_;
   // The Init that built engine_ and its answer: a scheduler that restarts sends the same
   // Init again and gets the same answer with every sequence dropped.

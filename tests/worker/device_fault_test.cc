@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/cpu/cpu_device.h"
 #include "rpc/step_protocol.h"
 #include "scheduler/engine.h"
 #include "scheduler/request_builder.h"
@@ -16,7 +17,6 @@
 #include "tests/support/recording_sink.h"
 #include "tests/support/test_support.h"
 #include "text/tokenizer.h"
-#include "worker/cpu_device.h"
 #include "worker/service.h"
 
 namespace conveyor::testing {
@@ -105,7 +105,7 @@ class FaultyBackend final : public kernels::Backend {
 // The CPU device, whose first backend faults on its first Linear.
 class FaultyDevice final : public model::Device {
  public:
-  FaultyDevice() : inner_(worker::MakeCpuDevice({.num_threads = 1})) {}
+  FaultyDevice() : inner_(model::MakeCpuDevice({.num_threads = 1})) {}
   std::string_view name() const override { return "faulty-cpu"; }
   absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const ModelConfig& model) override {
     absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = inner_->MakeBackend(model);

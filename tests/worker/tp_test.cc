@@ -20,12 +20,13 @@
 #include "conveyor.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "model/communicator.h"
+#include "model/cpu/gloo_communicator.h"
 #include "tests/support/random_weights.h"
 #include "tests/support/scheduler_context.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 #include "worker.grpc.pb.h"
-#include "worker/gloo_communicator.h"
+#include "worker/grpc_rendezvous.h"
 
 namespace conveyor::testing {
 namespace {
@@ -136,15 +137,18 @@ std::vector<std::unique_ptr<Rank>> MakeGroup(int world, const ModelFactory& make
   if (world == 1) {
     ranks[0]->comm = model::MakeSingleRankCommunicator();
   } else {
-    auto store = worker::GlooRendezvousServer::Start("127.0.0.1", TlsFiles());
+    // The worker's own rendezvous: a gRPC store on loopback.
+    const std::shared_ptr<model::Rendezvous> rendezvous = worker::MakeGrpcRendezvous(TlsFiles());
+    auto store = model::ServeGlooStore(*rendezvous, "127.0.0.1");
     EXPECT_TRUE(store.ok()) << store.status();
     if (!store.ok()) return {};
+    const std::string collective_id = model::GlooCollectiveId(**store);
     std::vector<absl::StatusOr<std::unique_ptr<model::Communicator>>> comms(world);
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
-        comms[r] = worker::ConnectGloo((*store)->collective_id(), r, world, "127.0.0.1",
-                                       std::chrono::system_clock::now() + 30s, TlsFiles());
+        comms[r] = model::ConnectGloo(collective_id, r, world, "127.0.0.1",
+                                      std::chrono::system_clock::now() + 30s, *rendezvous);
       });
     }
     for (std::thread& t : threads) t.join();

@@ -1,4 +1,4 @@
-#include "worker/cpu_device.h"
+#include "model/cpu/cpu_device.h"
 
 #include <algorithm>
 #include <fstream>
@@ -6,10 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/gemm.h"
+#include "model/cpu/gloo_communicator.h"
 #include "spdlog/spdlog.h"
-#include "worker/gloo_communicator.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 namespace {
 
 // Without an explicit budget the CPU worker takes this share of available memory, up
@@ -55,7 +56,7 @@ const char* KvChoiceName(CpuKvChoice choice) {
   }
 }
 
-class CpuDevice final : public model::Device {
+class CpuDevice final : public Device {
  public:
   explicit CpuDevice(const CpuDeviceOptions& options) : options_(options) {}
 
@@ -75,25 +76,25 @@ class CpuDevice final : public model::Device {
   }
 
   absl::StatusOr<std::string> CreateCollectiveId() override {
-    rendezvous_.reset();
-    ASSIGN_OR_RETURN(rendezvous_,
-                     GlooRendezvousServer::Start(options_.collective_host, options_.tls));
-    return rendezvous_->collective_id();
+    RETURN_IF_ERROR(NeedRendezvous());
+    store_.reset();
+    ASSIGN_OR_RETURN(store_, ServeGlooStore(*options_.rendezvous, options_.collective_host));
+    return GlooCollectiveId(*store_);
   }
 
-  void EndRendezvous() override { rendezvous_.reset(); }
+  void EndRendezvous() override { store_.reset(); }
 
-  absl::StatusOr<std::unique_ptr<model::Communicator>> Connect(
+  absl::StatusOr<std::unique_ptr<Communicator>> Connect(
       std::string_view collective_id, int rank, int world_size, kernels::Backend*,
       std::chrono::system_clock::time_point deadline) override {
-    if (world_size <= 1) return model::MakeSingleRankCommunicator();
+    if (world_size <= 1) return MakeSingleRankCommunicator();
+    RETURN_IF_ERROR(NeedRendezvous());
     return ConnectGloo(collective_id, rank, world_size, options_.collective_host, deadline,
-                       options_.tls);
+                       *options_.rendezvous);
   }
 
-  absl::StatusOr<std::unique_ptr<model::DeviceSampler>> MakeSampler(kernels::Backend*, int,
-                                                                    int) override {
-    return std::unique_ptr<model::DeviceSampler>();  // Logits are host memory already.
+  absl::StatusOr<std::unique_ptr<DeviceSampler>> MakeSampler(kernels::Backend*, int, int) override {
+    return std::unique_ptr<DeviceSampler>();  // Logits are host memory already.
   }
 
   absl::StatusOr<uint64_t> DefaultKvBudgetBytes(kernels::Backend*) const override {
@@ -102,9 +103,15 @@ class CpuDevice final : public model::Device {
   }
 
  private:
+  absl::Status NeedRendezvous() const {
+    if (options_.rendezvous != nullptr) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "this CPU device was made without a rendezvous: it serves one rank only");
+  }
+
   const CpuDeviceOptions options_;
   // Rank 0 between CreateCollectiveId and the end of its Init's rendezvous.
-  std::unique_ptr<GlooRendezvousServer> rendezvous_;
+  std::unique_ptr<Rendezvous::ServedStore> store_;
 };
 
 }  // namespace
@@ -164,8 +171,17 @@ kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice,
                                      : kernels::CpuWeightDtype::kF32;
 }
 
-std::unique_ptr<model::Device> MakeCpuDevice(const CpuDeviceOptions& options) {
+std::unique_ptr<Device> MakeCpuDevice(const CpuDeviceOptions& options) {
   return std::make_unique<CpuDevice>(options);
 }
 
-}  // namespace conveyor::worker
+std::string CpuIsaEnvironmentError() { return kernels::CpuIsaEnvironmentError(); }
+
+std::string CpuKernelsSummary() {
+  const kernels::CpuIsa active = kernels::ActiveCpuIsa();
+  return absl::StrCat(kernels::CpuIsaName(active), " (this CPU has: ", kernels::CpuFeatureSummary(),
+                      active < kernels::DetectedCpuIsa() ? "; lowered by CONVEYOR_CPU_ISA" : "",
+                      "); bf16 weights multiply with ", kernels::Bf16ArithmeticChoice());
+}
+
+}  // namespace conveyor::model

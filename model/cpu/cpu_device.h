@@ -1,7 +1,8 @@
 // The CPU device (model/device.h): the CPU backend (kernels/cpu/), Gloo over TCP between
-// the ranks, host sampling, and a KV budget taken from the memory the machine has free.
-// It lives with the worker, not in model/, because its ranks meet through a small
-// key-value store that rank 0 serves over gRPC (worker/gloo_communicator.h).
+// the ranks (gloo_communicator.h; they meet through the Rendezvous the options carry, which
+// the worker serves over gRPC), host sampling, and a KV budget taken from the memory the
+// machine has free. Also what a process needs to know of the CPU kernels before it builds
+// one: whether the instruction-set override is valid, and which kernels run.
 #pragma once
 
 #include <memory>
@@ -9,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "model/device.h"
-#include "rpc/grpc_tls.h"
+#include "model/rendezvous.h"
 
-namespace conveyor::worker {
+namespace conveyor::model {
 
 // --cpu_weight_dtype: how linear-layer weights are stored (docs/cpu-weights.md).
 enum class CpuWeightChoice {
@@ -47,10 +48,17 @@ struct CpuDeviceOptions {
   // Address the other ranks reach this one at for collectives (the rendezvous store and
   // Gloo's TCP pairs).
   std::string collective_host = "127.0.0.1";
-  // The worker's mTLS files, which also secure the rendezvous store; empty: plaintext.
-  TlsFiles tls;
+  // Where tensor-parallel ranks meet (the worker's gRPC store); null: one rank only.
+  std::shared_ptr<Rendezvous> rendezvous;
 };
 
-std::unique_ptr<model::Device> MakeCpuDevice(const CpuDeviceOptions& options);
+std::unique_ptr<Device> MakeCpuDevice(const CpuDeviceOptions& options);
 
-}  // namespace conveyor::worker
+// Empty, or why the CONVEYOR_CPU_ISA override cannot be used on this CPU (the process
+// should stop: the kernels' instruction set is fixed on first use).
+std::string CpuIsaEnvironmentError();
+// One line on the CPU kernels this process runs: the instruction level, what the CPU
+// has, and how bf16 weights multiply (for the start-up log).
+std::string CpuKernelsSummary();
+
+}  // namespace conveyor::model

@@ -1,0 +1,66 @@
+#include "model/rank.h"
+
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/model_config.h"
+#include "common/status_macros.h"
+
+namespace conveyor::model {
+
+Rank::~Rank() = default;
+
+absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(Device& device, const RankOptions& options,
+                                                   std::chrono::system_clock::time_point deadline) {
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 0's rendezvous serves one attempt: connected, every rank is done with it; failed
+  // (here or before connecting), the group needs a new collective id.
+  bool rendezvous_open = options.rank == 0;
+  auto end_rendezvous = [&] {
+    if (rendezvous_open) device.EndRendezvous();
+    rendezvous_open = false;
+  };
+  absl::Cleanup end_on_failure = end_rendezvous;
+  std::unique_ptr<Rank> rank(new Rank());
+  ASSIGN_OR_RETURN(const ModelConfig checkpoint, LoadModelConfig(options.model_path));
+  ASSIGN_OR_RETURN(rank->backend_, device.MakeBackend(checkpoint));
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = device.Connect(
+      options.collective_id, options.rank, options.world_size, rank->backend_.get(), deadline);
+  end_rendezvous();
+  RETURN_IF_ERROR(comm.status());
+  rank->comm_ = *std::move(comm);
+  ASSIGN_OR_RETURN(rank->model_,
+                   LlamaModel::Load(options.model_path, rank->backend_.get(), rank->comm_.get()));
+  LlamaModel& model = *rank->model_;
+  const ModelConfig& c = model.config();
+  // Before the KV cache is sized, whatever else a step needs: the largest step's
+  // activations and the sampler's scratch come out of the same memory.
+  RETURN_IF_ERROR(model.ReserveActivations(options.max_step_tokens, options.max_num_seqs));
+  if (device.decode_graphs()) RETURN_IF_ERROR(model.EnableDecodeGraphs(options.max_num_seqs));
+  ASSIGN_OR_RETURN(rank->device_sampler_,
+                   device.MakeSampler(rank->backend_.get(), c.vocab_size, options.max_num_seqs));
+  const size_t block_bytes =
+      KvCache::BytesPerBlock(c.num_layers, model.local_num_kv_heads(), c.head_dim,
+                             options.block_size, rank->backend_->kv_element_bytes());
+  uint64_t budget = options.kv_cache_bytes;
+  if (budget == 0) {
+    ASSIGN_OR_RETURN(budget, device.DefaultKvBudgetBytes(rank->backend_.get()));
+  }
+  const uint64_t num_blocks = budget / block_bytes;
+  if (num_blocks > static_cast<uint64_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError("kv_cache_bytes is too large");
+  }
+  ASSIGN_OR_RETURN(rank->cache_,
+                   KvCache::Create(rank->backend_.get(), c.num_layers, model.local_num_kv_heads(),
+                                   c.head_dim, options.block_size, static_cast<int>(num_blocks)));
+  rank->load_ms_ =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return rank;
+}
+
+std::string_view Rank::compute_dtype() const {
+  return backend_->activation_bytes() == 4 ? "float32" : "bfloat16";
+}
+
+}  // namespace conveyor::model
