@@ -53,13 +53,13 @@ double LogitScale(std::span<const float> logits) {
 // The models the tests run: the tiny checkpoints and `small`.
 std::vector<std::string> TpModels() {
   std::vector<std::string> models = TestModelVariants();
-  models.push_back("small");
+  models.emplace_back("small");
   return models;
 }
 
 // The `small` preset, generated into the test data folder on first use (about 5 s).
 std::string SmallModelDir() {
-  const std::string dir = TestDataDir() + "/small";
+  std::string dir = TestDataDir() + "/small";
   if (std::filesystem::exists(dir + "/config.json")) return dir;
   // Built aside and renamed, so an interrupted run leaves no half-written model.
   const std::string tmp = dir + ".tmp" + std::to_string(getpid());
@@ -145,6 +145,7 @@ std::vector<std::unique_ptr<Rank>> MakeGroup(int world, const ModelFactory& make
     const std::string collective_id = model::GlooCollectiveId(**store);
     std::vector<absl::StatusOr<std::unique_ptr<model::Communicator>>> comms(world);
     std::vector<std::thread> threads;
+    threads.reserve(world);
     for (int r = 0; r < world; ++r) {
       threads.emplace_back([&, r] {
         comms[r] = model::ConnectGloo(collective_id, r, world, "127.0.0.1",
