@@ -1,52 +1,34 @@
 #include "scheduler/engine.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/stream_messages.h"
 #include "spdlog/spdlog.h"
-#include "text/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {
 
-// How far back a logprob's text looks for a token of complete text to decode after.
-constexpr size_t kLogprobAnchorTokens = 8;
-
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 double Millis(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-// The reason a final message carries. Cancellations, deadlines and errors end with a
-// non-OK status and no final message, so the wire needs no values of its own for them.
-v1::FinishReason WireFinishReason(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kLength:
-      return v1::FINISH_REASON_LENGTH;
-    case FinishReason::kEos:
-      return v1::FINISH_REASON_EOS;
-    case FinishReason::kStop:
-      return v1::FINISH_REASON_STOP;
-    case FinishReason::kCancelled:
-    case FinishReason::kDeadline:
-    case FinishReason::kError:
-      return v1::FINISH_REASON_CANCELLED;
-  }
-  return v1::FINISH_REASON_CANCELLED;  // Unreachable: the switch covers every value.
-}
 
 }  // namespace
 
 Engine::Engine(const Options& options, std::unique_ptr<BatchPolicy> policy, StepExecutor* executor,
                const Tokenizer* tokenizer, SchedulerMetrics* metrics)
     : options_(options),
-      max_steps_in_flight_(std::clamp(options.max_steps_in_flight, 1, 2)),
       policy_(std::move(policy)),
       executor_(executor),
       tokenizer_(tokenizer),
       metrics_(metrics),
       stop_checker_(options.max_context_tokens),
       blocks_(options.num_kv_blocks, options.block_size, options.enable_prefix_caching),
-      pool_(&blocks_) {
+      pool_(&blocks_),
+      pipeline_(executor, options.max_steps_in_flight),
+      recovery_(executor, options.worker_recovery_timeout, [this] {
+        std::lock_guard<std::mutex> lock(mu_);
+        wake_.notify_one();
+      }) {
   counters_.kv_blocks_total = options.num_kv_blocks;
   stats_ = counters_;
 }
@@ -62,7 +44,7 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<Request> request) {
   if (stopping_ || draining_) {
     return absl::UnavailableError("the server is shutting down and accepts no new requests");
   }
-  if (outage_exceeded_) {
+  if (recovery_.exceeded()) {
     return absl::UnavailableError(absl::StrCat(
         "the model workers are down and have not come back within ",
         std::chrono::duration_cast<std::chrono::seconds>(options_.worker_recovery_timeout).count(),
@@ -122,7 +104,7 @@ bool Engine::TakeInbox(bool wait, Clock::time_point wake_at) {
     std::unique_lock<std::mutex> lock(mu_);
     if (wait) {
       wake_.wait_until(lock, wake_at, [&] {
-        return stopping_ || !inbox_.empty() || !cancels_.empty() || recovery_result_.has_value();
+        return stopping_ || !inbox_.empty() || !cancels_.empty() || recovery_.has_result();
       });
     }
     if (stopping_) return false;
@@ -149,11 +131,12 @@ void Engine::ExpireDeadlines(Clock::time_point now) {
     if (!r->done && r->deadline <= now) expired.push_back(r.get());
   }
   for (Request* r : expired) {
-    Finish(r,
-           absl::DeadlineExceededError(absl::StrCat(
-               "the deadline passed after ", r->num_output_tokens(), " generated tokens",
-               recovering_ ? " (while the model workers were recovering from a failure)" : "")),
-           FinishReason::kDeadline, nullptr);
+    Finish(
+        r,
+        absl::DeadlineExceededError(absl::StrCat(
+            "the deadline passed after ", r->num_output_tokens(), " generated tokens",
+            recovery_.active() ? " (while the model workers were recovering from a failure)" : "")),
+        FinishReason::kDeadline, nullptr);
   }
 }
 
@@ -161,9 +144,9 @@ Clock::time_point Engine::NextWake() const {
   // Recovering, only the recovery's answer (it wakes the loop) and deadlines matter;
   // idle, also the next liveness check.
   Clock::time_point wake =
-      recovering_ ? Clock::time_point::max()
-                  : std::min(policy_->NextWakeup(pool_).value_or(Clock::time_point::max()),
-                             last_worker_contact_ + options_.idle_check_interval);
+      recovery_.active() ? Clock::time_point::max()
+                         : std::min(policy_->NextWakeup(pool_).value_or(Clock::time_point::max()),
+                                    last_worker_contact_ + options_.idle_check_interval);
   for (const auto& [id, r] : requests_) {
     if (!r->done) wake = std::min(wake, r->deadline);
   }
@@ -175,19 +158,19 @@ void Engine::Loop() {
   last_worker_contact_ = Clock::now();
   for (;;) {
     dispatcher_.Post();  // What the last iteration streamed goes out while this one runs.
-    const bool wait = (idle && in_flight_.empty()) || recovering_;
+    const bool wait = (idle && pipeline_.empty()) || recovery_.active();
     if (!TakeInbox(wait, wait ? NextWake() : Clock::time_point())) break;
     const Clock::time_point start = Clock::now();
     ExpireDeadlines(start);
-    if (recovering_) {
+    if (recovery_.active()) {
       PollRecovery();
-      if (recovering_) {
+      if (recovery_.active()) {
         PublishStats();
         continue;
       }
     }
     bool launched = false;
-    if (static_cast<int>(in_flight_.size()) < max_steps_in_flight_) {
+    if (!pipeline_.full()) {
       StepPlan plan = policy_->Plan(pool_, start);
       for (Request* r : plan.released) Retire(r);
       for (Request* r : plan.preempted) {
@@ -204,9 +187,8 @@ void Engine::Loop() {
     }
     // The oldest step's answer is next once the pipeline is full, or when nothing new
     // could be sent (its answer may free blocks or make a preempted request admissible).
-    const bool had_in_flight = !in_flight_.empty();
-    if (had_in_flight &&
-        (!launched || static_cast<int>(in_flight_.size()) >= max_steps_in_flight_)) {
+    const bool had_in_flight = !pipeline_.empty();
+    if (had_in_flight && (!launched || pipeline_.full())) {
       CompleteOldestStep();
     }
     idle = !launched && !had_in_flight;
@@ -218,18 +200,8 @@ void Engine::Loop() {
     }
     PublishStats();
   }
-  if (!in_flight_.empty()) {
-    // Stopping: what the workers still compute is not wanted.
-    const InFlightStep oldest = std::move(in_flight_.front());
-    in_flight_.pop_front();
-    oldest.call->Cancel();
-    oldest.call->Wait().IgnoreError();
-    AbandonInFlight(oldest);
-  }
-  if (recovery_thread_.joinable()) {
-    executor_->CancelRecovery();
-    recovery_thread_.join();
-  }
+  pipeline_.AbandonAll(requests_);  // Stopping: what the workers still compute is not wanted.
+  recovery_.Stop();
   // Stopping: every live request gets its terminal status.
   absl::Status status;
   {
@@ -268,48 +240,22 @@ void Engine::Launch(const StepPlan& plan, Clock::time_point planned) {
   MarkScheduled(plan);
   const worker::v1::StepRequest step = encoder_.Encode(plan);
   encoder_.Committed(plan);  // Before any of its requests can finish and be dropped.
-  InFlightStep flight;
-  flight.planned = planned;
-  flight.num_tokens = plan.num_tokens();
-  flight.batch_slots = plan.batch_slots;
-  flight.wasted_slots = plan.wasted_slots;
-  flight.sequences.reserve(plan.sequences.size());
-  for (const ScheduledSequence& s : plan.sequences) {
-    Request* r = s.request;
-    flight.prefill_tokens +=
-        std::max(0, std::min(r->num_computed + s.num_tokens, r->num_prompt_tokens) -
-                        std::min(r->num_computed, r->num_prompt_tokens));
-    r->num_computed += s.num_tokens;
-    // It samples once its known tokens are computed (as the worker decides); the token
-    // is known when the answer comes.
-    if (r->num_computed == r->num_tokens()) {
-      r->tokens.push_back(kPendingToken);
-      ++r->num_pending_tokens;
-    }
-    flight.sequences.push_back({r->id, s.num_tokens, r->num_computed, r->residency});
-  }
-  dispatcher_.Post();  // Cancellations and deadlines taken this iteration.
-  // One step at a time, the executor's plain call (for one rank a blocking gRPC call,
-  // the cheapest round trip); else the call returns before the answer.
-  flight.call = max_steps_in_flight_ > 1
-                    ? executor_->StartStep(step)
-                    : std::make_unique<FinishedStepCall>(executor_->Step(step));
-  in_flight_.push_back(std::move(flight));
+  dispatcher_.Post();        // Cancellations and deadlines taken this iteration.
+  pipeline_.Launch(plan, step, planned);
 }
 
 void Engine::CompleteOldestStep() {
-  const InFlightStep step = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  absl::StatusOr<worker::v1::StepResponse> response = step.call->Wait();
+  const StepPipeline::Answer answer = pipeline_.WaitOldest();
+  const StepPipeline::Step& step = answer.step;
   last_worker_contact_ = Clock::now();
-  if (response.ok()) {
-    ApplyStep(step, *response);
+  if (answer.response.ok()) {
+    ApplyStep(step, *answer.response);
   } else {
-    AbandonInFlight(step);
-    if (IsWorkerFailure(response.status())) {
-      OnWorkerFailure(response.status(), &step);
+    pipeline_.Abandon(step, requests_);
+    if (IsWorkerFailure(answer.response.status())) {
+      OnWorkerFailure(answer.response.status(), &step);
     } else {
-      FailStep(response.status());
+      FailStep(answer.response.status());
     }
   }
   const Clock::time_point done = Clock::now();
@@ -322,35 +268,11 @@ void Engine::CompleteOldestStep() {
   last_step_done_ = done;
 }
 
-void Engine::AbandonInFlight(const InFlightStep& failed) {
-  for (InFlightStep& step : in_flight_) step.call->Cancel();
-  std::vector<const InFlightStep*> abandoned = {&failed};
-  for (InFlightStep& step : in_flight_) {
-    step.call->Wait().IgnoreError();  // Refused by the workers, or its answer unwanted.
-    abandoned.push_back(&step);
-  }
-  for (const InFlightStep* step : abandoned) {
-    for (const InFlightStep::Sequence& s : step->sequences) {
-      auto it = requests_.find(s.id);
-      if (it != requests_.end() && it->second->residency == s.residency) {
-        it->second->num_computed -= s.num_tokens;
-      }
-    }
-  }
-  in_flight_.clear();
-  // The tokens those steps were to sample will not come; a request recomputed later
-  // samples them again (the same ones: randomness depends on seed, sequence, position).
-  for (auto& [id, r] : requests_) {
-    r->tokens.resize(r->num_known_tokens());
-    r->num_pending_tokens = 0;
-  }
-}
-
-void Engine::ApplyStep(const InFlightStep& step, const worker::v1::StepResponse& response) {
+void Engine::ApplyStep(const StepPipeline::Step& step, const worker::v1::StepResponse& response) {
   ++counters_.steps;
   counters_.batch_slot_steps += step.batch_slots;
   counters_.wasted_slot_steps += step.wasted_slots;
-  for (const InFlightStep::Sequence& s : step.sequences) {
+  for (const StepPipeline::Step::Sequence& s : step.sequences) {
     auto it = requests_.find(s.id);
     if (it == requests_.end()) continue;  // Ended while the step ran.
     Request* r = it->second.get();
@@ -412,26 +334,17 @@ bool Engine::IsWorkerFailure(const absl::Status& status) const {
   return status.code() != absl::StatusCode::kInvalidArgument && executor_->can_recover();
 }
 
-void Engine::OnWorkerFailure(const absl::Status& status, const InFlightStep* step) {
-  const Clock::time_point now = Clock::now();
+void Engine::OnWorkerFailure(const absl::Status& status, const StepPipeline::Step* step) {
   spdlog::error(
       "the model workers failed: {}; keeping {} running and {} waiting request(s) "
       "and recovering",
       status.ToString(), pool_.running().size(), pool_.waiting().size());
   if (metrics_ != nullptr) metrics_->CountWorkerFailure();
-  if (!recovering_) {
-    outage_started_ = now;
-    outage_cause_ = status;
-    SetWorkersReady(false);
-  }
+  if (!recovery_.active()) SetWorkersReady(false);
   // A device error (INTERNAL) may come from what the step computed: its requests fail
   // rather than risk the fault again. The others are recomputed once the workers are back.
   const bool device_error = status.code() == absl::StatusCode::kInternal;
-  auto in_plan = [&](const Request* r) {
-    return step != nullptr &&
-           std::any_of(step->sequences.begin(), step->sequences.end(),
-                       [&](const InFlightStep::Sequence& s) { return s.id == r->id; });
-  };
+  auto in_plan = [&](const Request* r) { return step != nullptr && step->Includes(r->id); };
   int resumed = 0;
   int64_t recompute_tokens = 0;
   const std::vector<Request*> running = pool_.running();
@@ -460,67 +373,29 @@ void Engine::OnWorkerFailure(const absl::Status& status, const InFlightStep* ste
   }
   if (metrics_ != nullptr) metrics_->AddResumed(resumed, recompute_tokens);
   encoder_.ResetAll();
-  if (!recovering_) StartRecovery();
-}
-
-void Engine::StartRecovery() {
-  recovering_ = true;
-  if (recovery_thread_.joinable()) recovery_thread_.join();
-  const auto deadline = std::chrono::system_clock::now() + options_.worker_recovery_timeout;
-  recovery_thread_ = std::thread([this, deadline] {
-    absl::StatusOr<RecoveredWorkers> result = executor_->Recover(deadline);
-    std::lock_guard<std::mutex> lock(mu_);
-    recovery_result_ = std::move(result);
-    wake_.notify_one();
-  });
+  recovery_.Begin(status);  // Unless a recovery is under way already.
 }
 
 void Engine::PollRecovery() {
-  std::optional<absl::StatusOr<RecoveredWorkers>> result;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    result.swap(recovery_result_);
-  }
-  if (!result.has_value()) return;
-  recovery_thread_.join();
-  const double outage_s = Seconds(Clock::now() - outage_started_);
-  if (result->ok() && (*result)->block_size == blocks_.block_size()) {
+  std::optional<WorkerRecovery::Outcome> outcome = recovery_.Poll(blocks_.block_size());
+  if (!outcome.has_value()) return;
+  if (outcome->recovered.has_value()) {
     // The workers' KV caches are new: nothing the prefix cache remembers is there.
-    blocks_.Reset((*result)->num_kv_blocks);
-    recovering_ = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      outage_exceeded_ = false;
-    }
+    blocks_.Reset(outcome->recovered->num_kv_blocks);
     spdlog::info(
         "the model workers are back after {:.1f} s ({} KV blocks); resuming {} "
         "request(s)",
-        outage_s, (*result)->num_kv_blocks, pool_.waiting().size());
-    if (metrics_ != nullptr) metrics_->ObserveRecovery(outage_s);
+        outcome->outage_s, outcome->recovered->num_kv_blocks, pool_.waiting().size());
+    if (metrics_ != nullptr) metrics_->ObserveRecovery(outcome->outage_s);
     last_worker_contact_ = Clock::now();
     SetWorkersReady(true);
     return;
   }
-  const absl::Status why = result->ok()
-                               ? absl::FailedPreconditionError(absl::StrCat(
-                                     "the workers came back with block_size ",
-                                     (*result)->block_size, ", not ", blocks_.block_size()))
-                               : result->status();
-  spdlog::error("the model workers are still down after {:.1f} s: {}", outage_s, why.ToString());
-  const absl::Status client_status = absl::UnavailableError(absl::StrCat(
-      "the model workers failed (", outage_cause_.message(), ") and were not back within ",
-      std::chrono::duration_cast<std::chrono::seconds>(options_.worker_recovery_timeout).count(),
-      " s (--worker_recovery_timeout_s): ", why.message()));
   std::vector<Request*> live;
   for (auto& [id, r] : requests_) {
     if (!r->done) live.push_back(r.get());
   }
-  for (Request* r : live) Finish(r, client_status, FinishReason::kError, nullptr);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    outage_exceeded_ = true;
-  }
-  StartRecovery();  // Keep trying: serve again as soon as the workers are back.
+  for (Request* r : live) Finish(r, outcome->failure, FinishReason::kError, nullptr);
 }
 
 void Engine::SetWorkersReady(bool ready) {
@@ -542,40 +417,8 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
 
   v1::GenerateResponse message;
   message.set_request_id(r->request_id);
-  const int32_t id = token.token_id();
-  message.add_token_ids(id);
-  if (r->num_logprobs > 0) {
-    // Each token's text as it would appear in the stream at this point: decoded after an
-    // earlier token of complete text (the latest of the last few), so a sentencepiece
-    // "▁f" reads " f" mid-text, as streamed.
-    std::optional<int32_t> anchor;
-    std::string before;
-    const size_t known = r->num_known_tokens();
-    for (size_t k = known - 1; k-- > 0 && known - k <= kLogprobAnchorTokens;) {
-      before = tokenizer_->Decode({r->tokens[k]});
-      if (!before.empty() && ValidUtf8(before) == before &&
-          before.find("\xEF\xBF\xBD") == std::string::npos) {
-        anchor = r->tokens[k];
-        break;
-      }
-    }
-    auto text_in_stream = [&](int32_t candidate) {
-      if (!anchor.has_value()) return ValidUtf8(tokenizer_->Decode({candidate}));
-      std::string both = tokenizer_->Decode({*anchor, candidate});
-      if (both.compare(0, before.size(), before) == 0) both.erase(0, before.size());
-      return ValidUtf8(both);
-    };
-    v1::TokenLogprobs* lp = message.add_logprobs();
-    lp->mutable_token()->set_token_id(id);
-    lp->mutable_token()->set_text(text_in_stream(id));
-    lp->mutable_token()->set_logprob(token.logprob());
-    for (const worker::v1::TokenLogprob& alt : token.top_logprobs()) {
-      v1::TokenLogprob* t = lp->add_top();
-      t->set_token_id(alt.token_id());
-      t->set_text(text_in_stream(alt.token_id()));
-      t->set_logprob(alt.logprob());
-    }
-  }
+  message.add_token_ids(token.token_id());
+  if (r->num_logprobs > 0) AddTokenLogprobs(*tokenizer_, *r, token, &message);
 
   StopChecker::Verdict verdict = stop_checker_.Check(*r);
   message.set_text(std::move(verdict.text));
@@ -591,15 +434,7 @@ void Engine::Finish(Request* r, const absl::Status& status, FinishReason reason,
   r->done = true;
   const Clock::time_point now = Clock::now();
   if (status.ok()) {
-    last->set_finish_reason(WireFinishReason(reason));
-    v1::Usage* usage = last->mutable_usage();
-    usage->set_prompt_tokens(r->num_prompt_tokens);
-    usage->set_generated_tokens(r->num_output_tokens());
-    usage->set_cached_prompt_tokens(r->num_cached_prompt_tokens);
-    usage->set_queue_time_ms(Millis(r->first_scheduled - r->arrival));
-    usage->set_time_to_first_token_ms(Millis(r->first_token - r->arrival));
-    usage->set_e2e_latency_ms(Millis(now - r->arrival));
-    usage->set_preemptions(r->preemptions);
+    CompleteFinalMessage(*r, reason, now, last);
     dispatcher_.Send(r->sink, std::move(*last));
   }
   dispatcher_.Finish(r->sink, status);

@@ -12,18 +12,20 @@
 //
 // Other threads (the gRPC API) only Submit and Cancel; both are cheap and never block
 // on a step.
+//
+// The engine composes parts that each keep one kind of state: the steps in flight
+// (StepPipeline), an outage of the workers (WorkerRecovery), what the workers hold
+// (StepEncoder), the KV blocks (BlockManager), the waiting and running requests
+// (RequestPool), the messages owed to clients (ResponseDispatcher, stream_messages.h).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,7 +37,9 @@
 #include "scheduler/response_dispatcher.h"
 #include "scheduler/step_encoder.h"
 #include "scheduler/step_executor.h"
+#include "scheduler/step_pipeline.h"
 #include "scheduler/stop_checker.h"
+#include "scheduler/worker_recovery.h"
 #include "text/tokenizer.h"
 
 namespace conveyor::scheduler {
@@ -123,24 +127,6 @@ class Engine {
   // Takes arrivals and cancellations; returns false when the loop must exit.
   bool TakeInbox(bool wait, Clock::time_point wake_at);
   void ExpireDeadlines(Clock::time_point now);
-  // A step sent to the workers whose answer is not applied yet: what the loop needs of
-  // its plan then. Requests are named by id, as one may end while the step runs.
-  struct InFlightStep {
-    struct Sequence {
-      uint64_t id = 0;
-      int num_tokens = 0;          // Computed by this step.
-      int num_computed_after = 0;  // The request's computed tokens once this step ran.
-      uint32_t residency = 0;      // Request::residency when planned.
-    };
-    std::vector<Sequence> sequences;
-    std::unique_ptr<StepCall> call;
-    Clock::time_point planned;  // When its planning began.
-    int num_tokens = 0;
-    int prefill_tokens = 0;
-    int batch_slots = 0;
-    int wasted_slots = 0;
-  };
-
   // Records when each of plan's requests is scheduled for the first time.
   void MarkScheduled(const StepPlan& plan);
   // Sends `plan` as the next step. Its requests advance as if it had run: their computed
@@ -148,20 +134,16 @@ class Engine {
   void Launch(const StepPlan& plan, Clock::time_point planned);
   // Waits for the oldest step in flight and applies its answer, or handles its failure.
   void CompleteOldestStep();
-  // After a failed step: cancels and waits out the steps still in flight, and takes back
-  // what they and the failed one had advanced (computed tokens, pending tokens).
-  void AbandonInFlight(const InFlightStep& failed);
-  void ApplyStep(const InFlightStep& step, const worker::v1::StepResponse& response);
+  void ApplyStep(const StepPipeline::Step& step, const worker::v1::StepResponse& response);
   void FailStep(const absl::Status& status);
   // Whether a failed step or check means the workers must be recovered (rather than that
   // the scheduler sent a step they rejected).
   bool IsWorkerFailure(const absl::Status& status) const;
   // Keeps every running request for recompute (failing those that cannot go on) and
   // starts recovering the workers. `step` is the step that failed, if any.
-  void OnWorkerFailure(const absl::Status& status, const InFlightStep* step);
-  void StartRecovery();
+  void OnWorkerFailure(const absl::Status& status, const StepPipeline::Step* step);
   // Takes the recovery's result if it is in: resumes serving, or after the timeout fails
-  // what was kept and tries again.
+  // what was kept (the recovery goes on).
   void PollRecovery();
   void SetWorkersReady(bool ready);
   // Streams one sampled token; ends the request if it stops here.
@@ -176,7 +158,6 @@ class Engine {
   void PublishStats();
 
   const Options options_;
-  const int max_steps_in_flight_;  // options_.max_steps_in_flight, as 1 or 2.
   std::unique_ptr<BatchPolicy> policy_;
   StepExecutor* executor_;
   const Tokenizer* tokenizer_;
@@ -186,20 +167,15 @@ class Engine {
   // Loop-thread state.
   BlockManager blocks_;
   RequestPool pool_;
-  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
-  StepEncoder encoder_;                 // What the workers hold; every step goes through it.
-  std::deque<InFlightStep> in_flight_;  // Oldest first.
-  Clock::time_point last_step_done_;    // When the last step's answer was applied.
-  ResponseDispatcher dispatcher_;       // Every message to a client goes through it.
-  Stats counters_;                      // Published to stats_ after each iteration.
+  RequestTable requests_;
+  StepEncoder encoder_;  // What the workers hold; every step goes through it.
+  StepPipeline pipeline_;
+  Clock::time_point last_step_done_;  // When the last step's answer was applied.
+  ResponseDispatcher dispatcher_;     // Every message to a client goes through it.
+  Stats counters_;                    // Published to stats_ after each iteration.
   uint64_t prefix_queries_seen_ = 0;
   uint64_t prefix_hits_seen_ = 0;
   Clock::time_point last_worker_contact_;  // For the idle liveness check.
-  // The current outage: since when, why, and the thread that brings the workers back.
-  bool recovering_ = false;
-  Clock::time_point outage_started_;
-  absl::Status outage_cause_;
-  std::thread recovery_thread_;
   std::atomic<bool> workers_ready_{true};
 
   // Shared with Submit/Cancel/Stop.
@@ -212,11 +188,10 @@ class Engine {
   bool draining_ = false;
   bool stopping_ = false;
   absl::Status stop_status_;
-  // The recovery thread's answer, for the loop to take.
-  std::optional<absl::StatusOr<RecoveredWorkers>> recovery_result_;
-  // The outage outlasted worker_recovery_timeout: new requests are refused at once.
-  bool outage_exceeded_ = false;
   Stats stats_;  // A copy of counters_, published by the loop.
+
+  // After mu_ and wake_, which its thread's wake-up uses: destroyed before them.
+  WorkerRecovery recovery_;
 
   std::thread thread_;
 };
