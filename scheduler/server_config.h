@@ -1,0 +1,92 @@
+// conveyor-scheduler's configuration in one value: read from the command line in one
+// place (scheduler/server_flags.cc), checked in one place (ValidateServerConfig), and
+// turned into each part's options in one place. What depends on the model the workers
+// loaded (its context length, the KV cache they made, whether they can overlap steps) is
+// derived once, when they answer (ReplicaSettings), so that the policy, the engine, the
+// request limits and ModelInfo cannot disagree.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "conveyor.pb.h"
+#include "rpc/grpc_tls.h"
+#include "scheduler/engine.h"
+#include "scheduler/http/http_transport.h"
+#include "scheduler/policy.h"
+#include "scheduler/request_builder.h"
+#include "scheduler/worker_group.h"
+
+namespace conveyor::scheduler {
+
+struct ServerConfig {
+  // The model directory (Hugging Face layout) the workers load, and the name the APIs
+  // give the model (the directory's name).
+  std::string model_dir;
+  std::string model_name;
+
+  // The client APIs.
+  std::string host = "127.0.0.1";
+  int port = 50051;         // gRPC; 0 picks a free one.
+  int metrics_port = 9400;  // 0: no metrics endpoint.
+  int health_port = 0;      // Plaintext gRPC health only; 0: none.
+  bool enable_reflection = false;
+  int max_receive_bytes = 16 << 20;  // Largest request message (and HTTP body).
+  TlsFiles client_tls;               // ca_file set: mTLS.
+  std::string auth_tokens_file;      // Empty: no authentication.
+  int max_concurrent_requests_per_token = 0;
+  // The OpenAI-compatible HTTP API: off while http.port is 0. Its host is resolved (the
+  // client API's unless set) and its body limit is max_receive_bytes.
+  HttpTransport::Options http;
+
+  // Batching and the KV cache.
+  PolicyOptions policy;  // Its max_context_tokens comes with the model (ReplicaSettings).
+  int max_queue = 1024;
+  int default_max_new_tokens = 256;
+  int block_size = 16;
+  uint64_t kv_cache_bytes = 0;  // Per rank; 0: each worker sizes it.
+  bool enable_prefix_caching = true;
+  int max_steps_in_flight = 0;  // 0 chooses (ReplicaSettings).
+
+  // The workers.
+  std::vector<std::string> worker_addresses;  // Rank 0 first.
+  std::string scheduler_id;
+  TlsFiles worker_tls;  // mTLS to the workers: all three files, or none.
+  std::string worker_tls_server_name;
+  std::chrono::milliseconds worker_init_timeout{600'000};
+  std::chrono::milliseconds step_timeout{60'000};
+  std::chrono::milliseconds worker_recovery_timeout{120'000};
+  std::chrono::milliseconds drain_timeout{30'000};
+  std::string log_level = "info";
+};
+
+// What the flags' types cannot check: required values, ranges and combinations.
+// INVALID_ARGUMENT names the flag to fix.
+absl::Status ValidateServerConfig(const ServerConfig& config);
+
+// The worker group's options; `credentials` are made from config.worker_tls (null:
+// plaintext).
+WorkerGroup::Options MakeWorkerGroupOptions(const ServerConfig& config,
+                                            std::shared_ptr<grpc::ChannelCredentials> credentials);
+
+// The settings that depend on what the workers hold, all made here.
+struct ReplicaSettings {
+  PolicyOptions policy;
+  Engine::Options engine;  // on_workers_ready is the caller's to set.
+  ServingLimits limits;
+  v1::ModelInfoResponse model_info;
+};
+// What the tokenizer and the chat template tell ModelInfo.
+struct TextFacts {
+  int pad_token_id = -1;
+  std::string tokenizer_kind;
+  bool has_chat_template = false;
+};
+ReplicaSettings MakeReplicaSettings(const ServerConfig& config, const WorkerGroup::Info& workers,
+                                    int world_size, const TextFacts& text);
+
+}  // namespace conveyor::scheduler
