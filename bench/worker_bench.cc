@@ -1,4 +1,4 @@
-// Benchmarks the CPU worker on a real checkpoint through StepEngine::Step (the path a
+// Benchmarks the CPU worker on a real checkpoint through StepRunner::Step (the path a
 // worker takes for every step, minus gRPC) and rates it against this machine's ceilings,
 // measured in the same run under the same environment:
 //   - memory read bandwidth, which bounds decode at small batches (every token streams
@@ -35,7 +35,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "worker.pb.h"
-#include "worker/engine.h"
+#include "worker/step_runner.h"
 
 namespace conveyor::bench {
 namespace {
@@ -384,9 +384,9 @@ class Worker {
                                           kBlockSize, num_blocks),
                    "allocating the KV cache");
     for (int b = num_blocks - 1; b >= 0; --b) free_blocks_.push_back(b);
-    worker::StepEngine::Options options;
+    worker::StepRunner::Options options;
     options.max_step_tokens = 1 << 14;
-    engine_ = std::make_unique<worker::StepEngine>(model_.get(), cache_.get(), options);
+    engine_ = std::make_unique<worker::StepRunner>(model_.get(), cache_.get(), options);
   }
 
   const ModelConfig& config() const { return model_->config(); }
@@ -512,7 +512,7 @@ class Worker {
     request.set_step_id(next_step_id_++);
     v1::StepResponse response;
     const auto start = Clock::now();
-    CheckOk(engine_->Step(request, &response), "StepEngine::Step");
+    CheckOk(engine_->Step(request, &response), "StepRunner::Step");
     *seconds = SecondsSince(start);
     return response;
   }
@@ -520,7 +520,7 @@ class Worker {
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<model::LlamaModel> model_;
   std::unique_ptr<model::KvCache> cache_;
-  std::unique_ptr<worker::StepEngine> engine_;
+  std::unique_ptr<worker::StepRunner> engine_;
   double load_seconds_ = 0;
   std::vector<int32_t> free_blocks_;
   std::vector<Sequence> sequences_;
@@ -533,7 +533,7 @@ struct PhaseResult {
   std::string name;
   int tokens_per_step = 0;
   double mean_context = 0;  // Positions attended per token, averaged.
-  double step_s = 0;        // Median (decode) or best (prefill) StepEngine::Step time.
+  double step_s = 0;        // Median (decode) or best (prefill) StepRunner::Step time.
   double flops = 0;         // Per step.
   // Breakdown (seconds per step): forward and sampling as Step reports them; GEMMs and
   // attention replayed alone at the same shapes.
@@ -813,7 +813,7 @@ int Main(int argc, char** argv) {
       blas_gflops[1] / 2.0 * sizeof(float), ours_gflops[1] / 2.0 * bytes_per_weight,
       blas_gflops[8] / 16.0 * sizeof(float), ours_gflops[8] / 16.0 * bytes_per_weight);
 
-  std::printf("\nWorker, StepEngine::Step (prefill: best of %d; decode: median of %d steps)\n",
+  std::printf("\nWorker, StepRunner::Step (prefill: best of %d; decode: median of %d steps)\n",
               e.prefill_reps, e.decode_steps);
   std::printf("  %-14s %6s %6s %10s %10s %9s\n", "phase", "tokens", "ctx", "ms/step", "tok/s",
               "GFLOP/s");

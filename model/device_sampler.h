@@ -1,7 +1,7 @@
 // Sampling where the logits are: a step's logit rows stay in backend memory and only the
 // sampled tokens (and requested log-probabilities) travel to the host. On a GPU at
 // batch 256 with a 128k vocabulary that saves copying 64 MiB of logits per step and
-// sampling 32 M values on the host. StepEngine uses one when the worker has one (the
+// sampling 32 M values on the host. StepRunner uses one when the worker has one (the
 // CUDA backend); otherwise it copies the logits and uses Sampler (sampler.h), whose
 // semantics a device sampler implements too: the same penalties, filters, order of
 // candidates and counter-based random stream, so a seeded request draws the same tokens

@@ -1,8 +1,8 @@
 // Runs sequences through a LlamaModel directly: no scheduler, no RPC, no sampler. It
 // hands out KV blocks from a free list, builds each step's flat batch and returns the
 // logits. For benchmarks and cross-backend checks (bench/step_bench.cc, tests/gpu/),
-// where the worker's StepEngine and its protobuf messages would be in the way; serving
-// goes through StepEngine.
+// where the worker's StepRunner and its protobuf messages would be in the way; serving
+// goes through StepRunner.
 #pragma once
 
 #include <cstdint>

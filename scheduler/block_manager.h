@@ -1,6 +1,6 @@
 // The scheduler's ledger of KV-cache blocks: who holds which block, which blocks are free,
 // and which full blocks hold a prefix that a later request may reuse (prefix caching).
-// Pure bookkeeping: the KV memory itself lives on the workers (worker/kv_cache.h).
+// Pure bookkeeping: the KV memory itself lives on the workers (model/kv_cache.h).
 //
 // A block is in exactly one of three states:
 //   free       ref count 0, not cached: on the free list;

@@ -441,7 +441,7 @@ void Engine::Finish(Request* r, const absl::Status& status, FinishReason reason,
   ++counters_.finished;
   if (metrics_ != nullptr) {
     metrics_->ObserveFinished(FinishReasonName(reason), Seconds(now - r->arrival),
-                              r->num_prompt_tokens, r->num_output_tokens(), r->api);
+                              r->num_prompt_tokens, r->num_output_tokens(), r->front_end);
   }
   spdlog::info(
       "request {} ({}) finished: reason={} status={} prompt_tokens={} cached_tokens={} "

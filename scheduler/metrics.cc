@@ -112,8 +112,8 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
                    .Name("conveyor_requests_rejected_total")
                    .Help("Requests refused before admission, by status code and client API.")
                    .Register(registry);
-  for (ClientApi api : {ClientApi::kGrpc, ClientApi::kHttp}) {
-    const std::string api_label(ClientApiName(api));
+  for (FrontEnd api : {FrontEnd::kGrpc, FrontEnd::kHttp}) {
+    const std::string api_label(FrontEndName(api));
     for (const char* reason : {"length", "eos", "stop", "cancelled", "deadline", "error"}) {
       finished_->Add(
           {{"model", model}, {"policy", policy}, {"reason", reason}, {"api", api_label}});
@@ -146,7 +146,7 @@ void SchedulerMetrics::ObserveInterToken(double s) { itl_->Observe(s); }
 void SchedulerMetrics::ObserveQueueTime(double s) { queue_time_->Observe(s); }
 
 void SchedulerMetrics::ObserveFinished(std::string_view reason, double e2e_s, int prompt_tokens,
-                                       int generated_tokens, ClientApi api) {
+                                       int generated_tokens, FrontEnd api) {
   e2e_->Observe(e2e_s);
   prompt_tokens_hist_->Observe(prompt_tokens);
   generated_tokens_hist_->Observe(generated_tokens);
@@ -154,7 +154,7 @@ void SchedulerMetrics::ObserveFinished(std::string_view reason, double e2e_s, in
       ->Add({{"model", model_},
              {"policy", policy_},
              {"reason", std::string(reason)},
-             {"api", std::string(ClientApiName(api))}})
+             {"api", std::string(FrontEndName(api))}})
       .Increment();
 }
 
@@ -177,12 +177,12 @@ void SchedulerMetrics::AddPrefixCacheLookups(uint64_t queries, uint64_t hits) {
   prefix_hits_->Increment(static_cast<double>(hits));
 }
 
-void SchedulerMetrics::CountRejected(absl::StatusCode code, ClientApi api) {
+void SchedulerMetrics::CountRejected(absl::StatusCode code, FrontEnd api) {
   rejected_
       ->Add({{"model", model_},
              {"policy", policy_},
              {"code", CodeLabel(code)},
-             {"api", std::string(ClientApiName(api))}})
+             {"api", std::string(FrontEndName(api))}})
       .Increment();
 }
 

@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "scheduler/client_api.h"
+#include "scheduler/front_end.h"
 
 namespace prometheus {
 template <typename T>
@@ -31,7 +31,7 @@ class SchedulerMetrics {
   // reason: length, eos, stop, cancelled, deadline or error; api: the front end the
   // request came through.
   void ObserveFinished(std::string_view reason, double e2e_s, int prompt_tokens,
-                       int generated_tokens, ClientApi api = ClientApi::kGrpc);
+                       int generated_tokens, FrontEnd api = FrontEnd::kGrpc);
   void ObserveStep(double duration_s, int tokens, int batch_slots, int wasted_slots);
   void AddPromptTokens(int n);
   void AddPrefillTokens(int n);
@@ -40,7 +40,7 @@ class SchedulerMetrics {
   void AddDiscardedTokens(int n);
   void AddPreemptions(int n);
   void AddPrefixCacheLookups(uint64_t queries, uint64_t hits);
-  void CountRejected(absl::StatusCode code, ClientApi api = ClientApi::kGrpc);
+  void CountRejected(absl::StatusCode code, FrontEnd api = FrontEnd::kGrpc);
   // The HTTP front's connections open now, and what its transport refused by itself
   // (reason: one of HttpTransport's k* reasons; an unknown one is counted as "other").
   void SetHttpConnections(int open);

@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "conveyor.pb.h"
 #include "scheduler/block_manager.h"
-#include "scheduler/client_api.h"
 #include "scheduler/detokenizer.h"
+#include "scheduler/front_end.h"
 #include "scheduler/stop_matcher.h"
 #include "worker.pb.h"
 
@@ -51,7 +51,7 @@ struct Request {
   std::vector<int32_t> stop_token_ids;
   int num_logprobs = 0;
   int priority = 0;
-  ClientApi api = ClientApi::kGrpc;  // The front end it came through (a metrics label).
+  FrontEnd front_end = FrontEnd::kGrpc;  // Where it came in (the metrics' `api` label).
 
   Clock::time_point arrival;
   Clock::time_point deadline = Clock::time_point::max();

@@ -8,7 +8,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/grpc_status.h"
-#include "rpc/step_protocol.h"
+#include "rpc/scheduler_id_metadata.h"
 
 namespace conveyor::scheduler {
 namespace {

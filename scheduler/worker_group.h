@@ -1,7 +1,7 @@
 // The worker ranks of one model replica, over gRPC: initialises them together (and again
 // after a failure), sends every step to all of them in parallel, and checks while idle
 // that they are still up and initialised. Every call carries the scheduler's identity
-// (rpc/step_protocol.h), which binds the workers to this scheduler.
+// (rpc/scheduler_id_metadata.h), which binds the workers to this scheduler.
 #pragma once
 
 #include <atomic>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the C++ sources: clang-format (the whole tree; any difference fails), the layering
-# of the parts (scripts/check_layering.py), and clang-tidy (.clang-tidy) on the C++ files
-# the latest change touches.
+# of the parts (scripts/check_layering.py), the paths comments name (scripts/check_paths.py),
+# and clang-tidy (.clang-tidy) on the C++ files the latest change touches.
 #   scripts/lint.sh [--format-only] [BASE]
 # BASE (default HEAD~1, or $LINT_BASE): clang-tidy checks the .cc files changed between
 # BASE and HEAD. clang-tidy needs build/compile_commands.json (scripts/run-tests.sh makes
@@ -19,8 +19,10 @@ build="${BUILD_DIR:-build}"
 mapfile -t sources < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 clang-format --dry-run -Werror "${sources[@]}"
 echo "lint: clang-format: ${#sources[@]} files formatted"
-# Which part may include which (docs/design.md): cheap, so with the formatting.
+# Which part may include which (docs/design.md), and that the paths comments and docs
+# name exist: cheap, so with the formatting.
 python3 scripts/check_layering.py
+python3 scripts/check_paths.py
 [ "$format_only" = 1 ] && exit 0
 
 if ! git rev-parse -q --verify "$base^{commit}" >/dev/null; then

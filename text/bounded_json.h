@@ -29,7 +29,7 @@ struct JsonLimits {
   // Values of every kind (scalars, arrays, objects, and members' keys), counted as an
   // upper bound: one per array element or object member plus one per container. Bounds
   // the tree's memory (about 100 bytes per value at worst, measured in
-  // bench/http_front_bench.py); 1 Mi allows a prompt of a million token ids.
+  // bench/http_body_memory_bench.py); 1 Mi allows a prompt of a million token ids.
   size_t max_values = size_t{1} << 20;
 };
 

@@ -149,13 +149,13 @@ WorkerService::~WorkerService() = default;
 
 bool WorkerService::initialized() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return engine_ != nullptr;
+  return runner_ != nullptr;
 }
 
 absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
                                        std::chrono::system_clock::time_point deadline,
                                        v1::InitResponse* response) {
-  if (engine_ != nullptr) {
+  if (runner_ != nullptr) {
     // The scheduler re-initialises after a failure (or after it restarted): with the same
     // model and layout, a single rank keeps its model and drops every sequence; a
     // tensor-parallel rank must join the group's new communicator, so it reloads.
@@ -165,7 +165,7 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
           "something else");
     }
     if (std::max(request.tp_world_size(), 1) == 1) {
-      engine_->Reset();
+      runner_->Reset();
       *response = init_response_;
       spdlog::info("Init repeated (the scheduler recovers or restarted): all sequences dropped");
       return absl::OkStatus();
@@ -244,13 +244,13 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
                                   static_cast<double>((*rank)->weight_bytes()),
                                   static_cast<double>(cache.size_bytes()));
   }
-  StepEngine::Options engine_options;
-  engine_options.max_step_tokens = rank_options.max_step_tokens;
-  engine_options.max_num_seqs = rank_options.max_num_seqs;
-  engine_options.tp_rank = request.tp_rank();
-  engine_ = std::make_unique<StepEngine>(&(*rank)->model(), &cache, engine_options);
+  StepRunner::Options runner_options;
+  runner_options.max_step_tokens = rank_options.max_step_tokens;
+  runner_options.max_num_seqs = rank_options.max_num_seqs;
+  runner_options.tp_rank = request.tp_rank();
+  runner_ = std::make_unique<StepRunner>(&(*rank)->model(), &cache, runner_options);
   if (auto device_sampler = (*rank)->TakeDeviceSampler(); device_sampler != nullptr) {
-    engine_->set_device_sampler(std::move(device_sampler));
+    runner_->set_device_sampler(std::move(device_sampler));
   }
   init_request_ = request;
   init_response_ = *response;
@@ -260,7 +260,7 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
 }
 
 absl::StatusOr<std::string> WorkerService::CreateCollectiveIdLocked() {
-  if (engine_ != nullptr) {
+  if (runner_ != nullptr) {
     // A re-initialisation (the scheduler recovers, or restarted): the group forms anew
     // around a new id, and every rank's Init with it reloads.
     if (init_request_.tp_world_size() <= 1 || init_request_.tp_rank() != 0) {
@@ -275,7 +275,7 @@ absl::StatusOr<std::string> WorkerService::CreateCollectiveIdLocked() {
 
 void WorkerService::UnloadLocked() {
   step_done_.notify_all();  // A step waiting for another finds no model now.
-  engine_.reset();
+  runner_.reset();
   rank_.reset();
   init_request_.Clear();
   init_response_.Clear();
@@ -390,7 +390,7 @@ grpc::Status WorkerService::Init(grpc::ServerContext* context, const v1::InitReq
 }
 
 absl::Status WorkerService::CheckInitializedLocked() const {
-  if (engine_ != nullptr) return absl::OkStatus();
+  if (runner_ != nullptr) return absl::OkStatus();
   return absl::FailedPreconditionError(
       unload_reason_.ok()
           ? std::string("worker is not initialised; call Init first")
@@ -405,7 +405,7 @@ absl::Status WorkerService::AwaitPreviousStepLocked(std::unique_lock<std::mutex>
   // Checked now and then rather than woken for: gRPC has no callback for a cancelled call
   // into a synchronous handler.
   constexpr auto kPoll = std::chrono::milliseconds(20);
-  while (engine_ != nullptr && engine_->last_step_id() < previous) {
+  while (runner_ != nullptr && runner_->last_step_id() < previous) {
     if (context.IsCancelled()) {
       return absl::CancelledError(absl::StrCat(
           "step ", request.step_id(), " was cancelled while it waited for step ", previous));
@@ -432,9 +432,9 @@ grpc::Status WorkerService::Step(grpc::ServerContext* context, const v1::StepReq
   if (absl::Status ready = AwaitPreviousStepLocked(lock, *context, *request); !ready.ok()) {
     return ToGrpcStatus(ready);
   }
-  const absl::Status status = engine_->Step(*request, response);
+  const absl::Status status = runner_->Step(*request, response);
   step_done_.notify_all();
-  if (engine_->device_failed()) {
+  if (runner_->device_failed()) {
     // The backend's error is sticky (a faulted CUDA context computes nothing more), and
     // so is a communicator that lost a peer: free it all, so that Health says so and the
     // scheduler's next Init builds anew.
@@ -458,10 +458,10 @@ grpc::Status WorkerService::Health(grpc::ServerContext* context, const v1::Healt
   // Open to anyone (it changes nothing); from the bound scheduler it also renews the
   // binding while that scheduler is idle.
   AuthorizeLocked(*context, Callers::kAnyone).IgnoreError();
-  response->set_initialized(engine_ != nullptr);
-  if (engine_ != nullptr) {
-    response->set_num_sequences(engine_->num_sequences());
-    response->set_steps_executed(engine_->steps_executed());
+  response->set_initialized(runner_ != nullptr);
+  if (runner_ != nullptr) {
+    response->set_num_sequences(runner_->num_sequences());
+    response->set_steps_executed(runner_->steps_executed());
   }
   return grpc::Status::OK;
 }

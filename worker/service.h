@@ -1,5 +1,5 @@
 // The worker's gRPC service (proto/worker.proto): owns the backend, the communicator to
-// the other tensor-parallel ranks, the model shard, the KV cache and the step engine of
+// the other tensor-parallel ranks, the model shard, the KV cache and the step runner of
 // this rank, created by Init on the device the process was started with. Rank 0 also
 // creates the group's collective id. A step that fails on the device unloads the model
 // (device errors are sticky), so Health says so and the next Init builds it anew.
@@ -35,10 +35,10 @@
 
 #include "model/device.h"
 #include "model/rank.h"
-#include "rpc/step_protocol.h"
+#include "rpc/scheduler_id_metadata.h"
 #include "worker.pb.h"
-#include "worker/engine.h"
 #include "worker/metrics.h"
+#include "worker/step_runner.h"
 
 namespace conveyor::worker {
 
@@ -148,9 +148,9 @@ class WorkerService final : public grpc::Service {
   const std::unique_ptr<model::Device> device_;
   const Options options_;
   mutable std::mutex mu_;  // Serialises Init and Step; guards the members up to binding_mu_.
-  std::unique_ptr<model::Rank> rank_;  // The loaded model: engine_ runs on it.
-  std::unique_ptr<StepEngine> engine_;
-  // The Init that built engine_ and its answer: a scheduler that restarts sends the same
+  std::unique_ptr<model::Rank> rank_;  // The loaded model: runner_ runs on it.
+  std::unique_ptr<StepRunner> runner_;
+  // The Init that built runner_ and its answer: a scheduler that restarts sends the same
   // Init again and gets the same answer with every sequence dropped.
   v1::InitRequest init_request_;
   v1::InitResponse init_response_;

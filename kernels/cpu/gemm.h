@@ -10,7 +10,7 @@
 // bf16: pair by pair), starting from zero, whatever m is, wherever the row sits in X and
 // however many threads run. That makes a token's result independent of the batch it is
 // computed in, which OpenBLAS does not guarantee (its result for a row changes with the
-// row's position in the call and with the thread count; see docs/batch-invariance.md).
+// row's position in the call and with the thread count; docs/design.md).
 // Each step is exactly rounded, so the AVX512-BF16, AVX-512, AVX2 and portable paths give
 // the same bits.
 #pragma once

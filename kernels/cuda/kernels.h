@@ -97,9 +97,9 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& args, float* scratch,
                                  int tokens_per_launch, DType dtype, cudaStream_t stream);
 
 // --- Sampling (sampling_kernels.cu) ---------------------------------------------------
-// The host sampler's semantics (worker/sampler.h) for a batch of logit rows whose
+// The host sampler's semantics (model/sampler.h) for a batch of logit rows whose
 // logits are the model's all-gathered [world, rows, shard] buffer in the compute dtype
-// (token v of row r at (v / shard, r, v % shard)); worker/cuda_sampler.cc drives it.
+// (token v of row r at (v / shard, r, v % shard)); model/cuda/cuda_sampler.cc drives it.
 inline constexpr int kMaxSampleLogprobs = 20;
 
 struct SampleRowParams {

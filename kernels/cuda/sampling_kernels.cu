@@ -1,4 +1,4 @@
-// Sampling on the device: the host sampler's semantics (worker/sampler.cc) for a batch
+// Sampling on the device: the host sampler's semantics (model/sampler.cc) for a batch
 // of logit rows, so that only token ids (and requested log-probabilities) leave the GPU.
 //
 //   1. Prepare, one block per row: read the row out of the all-gathered logits

@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "scheduler/client_api.h"
+#include "scheduler/front_end.h"
 #include "scheduler/http/tls_identity.h"
 #include "spdlog/spdlog.h"
 
@@ -278,7 +278,7 @@ std::optional<HttpResponse> HttpServer::CheckHead(const HttpRequestHead& head) {
   // Credentials are checked before a body is read: a stranger's 16 MiB costs nothing.
   if (route != Route::kHealth && authenticator_ != nullptr) {
     if (absl::Status auth = authenticator_->Authenticate(head.authorization).status(); !auth.ok()) {
-      if (metrics_ != nullptr) metrics_->CountRejected(auth.code(), ClientApi::kHttp);
+      if (metrics_ != nullptr) metrics_->CountRejected(auth.code(), FrontEnd::kHttp);
       return ErrorResponse(auth);
     }
   }
@@ -349,7 +349,7 @@ void HttpServer::Generate(Endpoint endpoint, HttpRequest& request,
       endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-", next_id_.fetch_add(1));
   std::unique_ptr<Request> r = std::move(*built);
   r->request_id = id;  // Names the request in the engine's log lines.
-  r->api = ClientApi::kHttp;
+  r->front_end = FrontEnd::kHttp;
   auto sink = std::make_shared<GenerationSink>(
       exchange, openai::ResponseFormatter(parsed, id, UnixSeconds(), options_.model_name),
       parsed.stream, grant);
@@ -365,7 +365,7 @@ void HttpServer::Generate(Endpoint endpoint, HttpRequest& request,
 }
 
 void HttpServer::Reject(const absl::Status& status, HttpExchange& exchange) const {
-  if (metrics_ != nullptr) metrics_->CountRejected(status.code(), ClientApi::kHttp);
+  if (metrics_ != nullptr) metrics_->CountRejected(status.code(), FrontEnd::kHttp);
   exchange.Respond(ErrorResponse(status));
 }
 

@@ -1,6 +1,6 @@
 // Fuzzes the worker's validation of what the scheduler sends: InitRequest's argument
 // checks (worker/service.cc, WorkerService::Init, on a device that loads nothing) and
-// StepRequest validation (worker/engine.h, StepEngine::Step) on a tiny random-weight
+// StepRequest validation (worker/step_runner.h, StepRunner::Step) on a tiny random-weight
 // model, with the steps that pass run for real. Beyond the sanitizers it checks the
 // engine's contract: a step out of order (previous_step_id not the last step handled, or
 // that step refused; an id below the last one) is ABORTED, any other rejected step
@@ -23,13 +23,13 @@
 #include "kernels/backend.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
-#include "rpc/step_protocol.h"
+#include "rpc/scheduler_id_metadata.h"
 #include "spdlog/spdlog.h"
 #include "tests/fuzz/fuzz_support.h"
 #include "tests/support/random_weights.h"
 #include "worker.pb.h"
-#include "worker/engine.h"
 #include "worker/service.h"
+#include "worker/step_runner.h"
 
 namespace conveyor::fuzz {
 namespace {
@@ -84,7 +84,7 @@ struct TinyWorker {
   std::unique_ptr<kernels::Backend> backend = kernels::MakeCpuBackend(1);
   std::unique_ptr<model::LlamaModel> model;
   std::unique_ptr<model::KvCache> cache;
-  std::unique_ptr<worker::StepEngine> engine;
+  std::unique_ptr<worker::StepRunner> engine;
 
   TinyWorker() {
     absl::StatusOr<ModelConfig> config = ModelShapePreset("tiny");
@@ -98,11 +98,11 @@ struct TinyWorker {
                                        config->head_dim, kBlockSize, kNumBlocks);
     if (!made.ok()) InvariantViolated("cannot make the KV cache", made.status().ToString());
     cache = *std::move(made);
-    worker::StepEngine::Options options;
+    worker::StepRunner::Options options;
     // Small steps keep the forward passes (and so the fuzzer) fast.
     options.max_step_tokens = 256;
     options.max_num_seqs = 16;
-    engine = std::make_unique<worker::StepEngine>(model.get(), cache.get(), options);
+    engine = std::make_unique<worker::StepRunner>(model.get(), cache.get(), options);
   }
 };
 

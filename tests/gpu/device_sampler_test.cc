@@ -1,4 +1,4 @@
-// The CUDA sampler against the host sampler (worker/sampler.h) on the same logits: the
+// The CUDA sampler against the host sampler (model/sampler.h) on the same logits: the
 // rows are uploaded in the compute dtype, read back, and the host sampler gets exactly
 // those values. Greedy tokens, log-probabilities and top alternatives must match; seeded
 // draws use the same random stream and the same candidate order, so they match too
@@ -65,6 +65,7 @@ class DeviceSamplerTest : public ::testing::TestWithParam<int> {
     EXPECT_TRUE(sampler.ok()) << sampler.status();
     if (!sampler.ok()) return -1;
     std::vector<RowToSample> to_sample;
+    to_sample.reserve(rows);
     for (int r = 0; r < rows; ++r) {
       to_sample.push_back({&cases[r].params, cases[r].prompt, cases[r].output,
                            static_cast<uint64_t>(cases[r].output.size()), true});

@@ -19,7 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health.grpc.pb.h"
-#include "rpc/step_protocol.h"
+#include "rpc/scheduler_id_metadata.h"
 #include "tests/support/server_process.h"
 #include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"

@@ -1,5 +1,5 @@
 // The scheduler loop with the real model underneath, in one process: the executor is
-// the worker's StepEngine on the tiny test checkpoint (no sockets). Covers outputs under
+// the worker's StepRunner on the tiny test checkpoint (no sockets). Covers outputs under
 // every policy against the same request run alone, preemption, prefix caching,
 // cancellation, stop conditions, queue bounds, deadlines and worker failures.
 #include "scheduler/engine.h"
@@ -28,7 +28,7 @@ constexpr int kBlockSize = 4;
 // Runs steps on an in-process worker; can be told to fail.
 class LocalExecutor final : public StepExecutor {
  public:
-  explicit LocalExecutor(worker::StepEngine* engine) : engine_(engine) {}
+  explicit LocalExecutor(worker::StepRunner* engine) : engine_(engine) {}
   absl::StatusOr<worker::v1::StepResponse> Step(const worker::v1::StepRequest& r) override {
     if (fail_.load()) return absl::UnavailableError("worker rank 0 is gone");
     worker::v1::StepResponse response;
@@ -39,7 +39,7 @@ class LocalExecutor final : public StepExecutor {
   std::atomic<bool> fail_{false};
 
  private:
-  worker::StepEngine* engine_;
+  worker::StepRunner* engine_;
 };
 
 class EngineTest : public ::testing::Test {

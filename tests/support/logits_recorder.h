@@ -1,4 +1,4 @@
-// Keeps the logits of the latest step a StepEngine sampled on the host, per sequence,
+// Keeps the logits of the latest step a StepRunner sampled on the host, per sequence,
 // so tests can compare them across batch shapes and tensor-parallel layouts.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "worker/engine.h"
+#include "worker/step_runner.h"
 
 namespace conveyor::testing {
 

@@ -1,11 +1,11 @@
 // A gRPC client context that presents itself to a worker as its scheduler (the identity
-// a worker binds to: rpc/step_protocol.h), for tests that drive workers directly.
+// a worker binds to: rpc/scheduler_id_metadata.h), for tests that drive workers directly.
 #pragma once
 
 #include <string>
 
 #include "grpcpp/client_context.h"
-#include "rpc/step_protocol.h"
+#include "rpc/scheduler_id_metadata.h"
 
 namespace conveyor::testing {
 

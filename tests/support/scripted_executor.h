@@ -1,7 +1,7 @@
 // The scripted StepExecutor that scheduler/step_executor.h promises: stands in for the
 // workers in scheduler tests that need no model. It keeps the ledger a worker keeps (per
 // sequence: the tokens it knows, how many are computed, its blocks), checks every step
-// against it as worker/engine.cc does, samples tokens from a per-sequence script, fails
+// against it as worker/step_runner.cc does, samples tokens from a per-sequence script, fails
 // the steps it is told to, and records every StepRequest it gets.
 //
 // A step the ledger rejects returns INVALID_ARGUMENT, as a worker would, and is also
@@ -106,7 +106,7 @@ class ScriptedExecutor final : public scheduler::StepExecutor {
 
   absl::StatusOr<worker::v1::StepResponse> Run(const worker::v1::StepRequest& request) {
     const int call = static_cast<int>(requests_.size());
-    // As worker/engine.cc: a step built on another runs only right after it ran.
+    // As worker/step_runner.cc: a step built on another runs only right after it ran.
     const bool in_order = request.previous_step_id() == 0 ||
                           (request.previous_step_id() == last_step_id_ && last_step_ok_);
     last_step_id_ = request.step_id();
@@ -157,7 +157,7 @@ class ScriptedExecutor final : public scheduler::StepExecutor {
     sampled->set_token_id(token);
   }
 
-  // worker/engine.cc's checks that do not need a model.
+  // worker/step_runner.cc's checks that do not need a model.
   absl::Status Validate(const worker::v1::StepRequest& request) const {
     std::set<uint64_t> dropped;
     if (request.reset()) {

@@ -61,8 +61,8 @@ std::unique_ptr<LocalWorker> LocalWorker::Create(const std::string& model_dir, i
   EXPECT_TRUE(cache.ok()) << cache.status();
   if (!cache.ok()) return nullptr;
   w->cache = std::move(*cache);
-  w->engine = std::make_unique<worker::StepEngine>(w->model.get(), w->cache.get(),
-                                                   worker::StepEngine::Options{});
+  w->engine = std::make_unique<worker::StepRunner>(w->model.get(), w->cache.get(),
+                                                   worker::StepRunner::Options{});
   w->engine->set_logits_tap(&w->logits);
   return w;
 }

@@ -11,7 +11,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "tests/support/logits_recorder.h"
-#include "worker/engine.h"
+#include "worker/step_runner.h"
 
 namespace conveyor::testing {
 
@@ -35,7 +35,7 @@ struct LocalWorker {
   std::unique_ptr<kernels::Backend> backend;
   std::unique_ptr<model::LlamaModel> model;
   std::unique_ptr<model::KvCache> cache;
-  std::unique_ptr<worker::StepEngine> engine;
+  std::unique_ptr<worker::StepRunner> engine;
   LogitsRecorder logits;  // The engine's logits tap.
 
   // Aborts the test (ASSERT) on failure.

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_device.h"
-#include "rpc/step_protocol.h"
+#include "rpc/scheduler_id_metadata.h"
 #include "scheduler/engine.h"
 #include "scheduler/request_builder.h"
 #include "scheduler/worker_group.h"

@@ -136,10 +136,10 @@ TEST_F(StepValidationTest, BeyondModelContext) {
 }
 
 TEST_F(StepValidationTest, StepLimits) {
-  worker::StepEngine::Options options;
+  worker::StepRunner::Options options;
   options.max_step_tokens = 8;
   options.max_num_seqs = 2;
-  worker::StepEngine engine(w_->model.get(), w_->cache.get(), options);
+  worker::StepRunner engine(w_->model.get(), w_->cache.get(), options);
   StepResponse response;
   StepRequest step;
   AddNew(&step, 1, 9, 0);

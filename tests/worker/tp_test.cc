@@ -121,7 +121,7 @@ struct Rank {
   std::unique_ptr<model::Communicator> comm;
   std::unique_ptr<model::LlamaModel> model;
   std::unique_ptr<model::KvCache> cache;
-  std::unique_ptr<worker::StepEngine> engine;
+  std::unique_ptr<worker::StepRunner> engine;
   LogitsRecorder logits;  // The engine's logits tap.
 };
 
@@ -174,9 +174,9 @@ std::vector<std::unique_ptr<Rank>> MakeGroup(int world, const ModelFactory& make
     EXPECT_TRUE(cache.ok()) << cache.status();
     if (!cache.ok()) return {};
     rank.cache = *std::move(cache);
-    worker::StepEngine::Options options;
+    worker::StepRunner::Options options;
     options.tp_rank = r;
-    rank.engine = std::make_unique<worker::StepEngine>(rank.model.get(), rank.cache.get(), options);
+    rank.engine = std::make_unique<worker::StepRunner>(rank.model.get(), rank.cache.get(), options);
     rank.engine->set_logits_tap(&rank.logits);
   }
   return ranks;

@@ -1,5 +1,5 @@
-// Conventions of the scheduler <-> worker protocol (proto/worker.proto,
-// docs/step-protocol.md) that both sides must agree on beyond the messages themselves.
+// How a scheduler names itself to its workers, beyond the messages of the step protocol
+// (proto/worker.proto, docs/step-protocol.md): both sides must agree on the key.
 #pragma once
 
 namespace conveyor {

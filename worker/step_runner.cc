@@ -1,4 +1,4 @@
-#include "worker/engine.h"
+#include "worker/step_runner.h"
 
 #include <algorithm>
 #include <chrono>
@@ -23,14 +23,14 @@ absl::Status Invalid(uint64_t seq_id, const std::string& what) {
 
 }  // namespace
 
-StepEngine::StepEngine(model::LlamaModel* model, model::KvCache* cache, const Options& options)
+StepRunner::StepRunner(model::LlamaModel* model, model::KvCache* cache, const Options& options)
     : model_(model),
       cache_(cache),
       options_(options),
       sampler_(model->config().vocab_size),
       block_refs_(cache->num_blocks(), 0) {}
 
-absl::Status StepEngine::ValidateBlocks(const google::protobuf::RepeatedField<int32_t>& blocks,
+absl::Status StepRunner::ValidateBlocks(const google::protobuf::RepeatedField<int32_t>& blocks,
                                         const char* field, uint64_t seq_id) const {
   for (int32_t block : blocks) {
     if (block < 0 || block >= cache_->num_blocks()) {
@@ -41,29 +41,29 @@ absl::Status StepEngine::ValidateBlocks(const google::protobuf::RepeatedField<in
   return absl::OkStatus();
 }
 
-void StepEngine::AddSequence(uint64_t seq_id, Sequence seq) {
+void StepRunner::AddSequence(uint64_t seq_id, Sequence seq) {
   for (int32_t block : seq.block_table) ++block_refs_[block];
   sequences_[seq_id] = std::move(seq);
 }
 
-void StepEngine::AddBlocks(Sequence& seq, std::span<const int32_t> blocks) {
+void StepRunner::AddBlocks(Sequence& seq, std::span<const int32_t> blocks) {
   for (int32_t block : blocks) ++block_refs_[block];
   seq.block_table.insert(seq.block_table.end(), blocks.begin(), blocks.end());
 }
 
-void StepEngine::EraseSequence(uint64_t seq_id) {
+void StepRunner::EraseSequence(uint64_t seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return;
   for (int32_t block : it->second.block_table) --block_refs_[block];
   sequences_.erase(it);
 }
 
-void StepEngine::ClearSequences() {
+void StepRunner::ClearSequences() {
   sequences_.clear();
   std::fill(block_refs_.begin(), block_refs_.end(), 0);
 }
 
-absl::Status StepEngine::ValidateWrites(const v1::StepRequest& request,
+absl::Status StepRunner::ValidateWrites(const v1::StepRequest& request,
                                         const std::vector<Scheduled>& scheduled) const {
   // References per block once the step's drops and additions apply: the sparse change.
   std::unordered_map<int32_t, int32_t> delta;
@@ -114,7 +114,7 @@ absl::Status StepEngine::ValidateWrites(const v1::StepRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status StepEngine::Validate(const v1::StepRequest& request,
+absl::Status StepRunner::Validate(const v1::StepRequest& request,
                                   std::vector<Scheduled>* scheduled) const {
   const ModelConfig& config = model_->config();
   const int block_size = cache_->block_size();
@@ -213,7 +213,7 @@ absl::Status StepEngine::Validate(const v1::StepRequest& request,
   return absl::OkStatus();
 }
 
-void StepEngine::BuildBatch(const std::vector<Scheduled>& scheduled) {
+void StepRunner::BuildBatch(const std::vector<Scheduled>& scheduled) {
   const int block_size = cache_->block_size();
   batch_.Clear();
   sampling_seqs_.clear();
@@ -243,7 +243,7 @@ void StepEngine::BuildBatch(const std::vector<Scheduled>& scheduled) {
   }
 }
 
-absl::Status StepEngine::CheckOrder(const v1::StepRequest& request) const {
+absl::Status StepRunner::CheckOrder(const v1::StepRequest& request) const {
   const uint64_t id = request.step_id();
   const uint64_t previous = request.previous_step_id();
   if (id != 0 && id < last_step_id_) {
@@ -263,7 +263,7 @@ absl::Status StepEngine::CheckOrder(const v1::StepRequest& request) const {
   return absl::OkStatus();
 }
 
-absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* response) {
+absl::Status StepRunner::Step(const v1::StepRequest& request, v1::StepResponse* response) {
   absl::Status status = CheckOrder(request);
   if (status.ok()) status = RunStep(request, response);
   // A step refused for its order counts as handled too (not as run), so that one built on
@@ -275,7 +275,7 @@ absl::Status StepEngine::Step(const v1::StepRequest& request, v1::StepResponse* 
   return status;
 }
 
-absl::Status StepEngine::RunStep(const v1::StepRequest& request, v1::StepResponse* response) {
+absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepResponse* response) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<Scheduled> scheduled;
   RETURN_IF_ERROR(Validate(request, &scheduled));

@@ -7,11 +7,11 @@
 
 namespace conveyor::scheduler {
 
-enum class ClientApi { kGrpc, kHttp };
+enum class FrontEnd { kGrpc, kHttp };
 
 // "grpc" or "http": the `api` label value of the metrics (docs/metrics.md).
-constexpr std::string_view ClientApiName(ClientApi api) {
-  return api == ClientApi::kHttp ? "http" : "grpc";
+constexpr std::string_view FrontEndName(FrontEnd front_end) {
+  return front_end == FrontEnd::kHttp ? "http" : "grpc";
 }
 
 }  // namespace conveyor::scheduler

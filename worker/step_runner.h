@@ -24,7 +24,7 @@
 
 namespace conveyor::worker {
 
-// Receives the logits a step samples from on the host (StepEngine::set_logits_tap).
+// Receives the logits a step samples from on the host (StepRunner::set_logits_tap).
 class LogitsTap {
  public:
   virtual ~LogitsTap() = default;
@@ -32,7 +32,7 @@ class LogitsTap {
   virtual void OnLogits(uint64_t step_id, uint64_t seq_id, std::span<const float> logits) = 0;
 };
 
-class StepEngine {
+class StepRunner {
  public:
   struct Options {
     int max_step_tokens = 8192;
@@ -41,8 +41,8 @@ class StepEngine {
     int max_logprobs = 20;
   };
 
-  // `model` and `cache` must outlive the engine.
-  StepEngine(model::LlamaModel* model, model::KvCache* cache, const Options& options);
+  // `model` and `cache` must outlive the runner.
+  StepRunner(model::LlamaModel* model, model::KvCache* cache, const Options& options);
 
   // Runs one step. On error nothing changed. A step that names a previous_step_id runs
   // only right after that step ran (ABORTED otherwise), and one whose id is below the
@@ -62,7 +62,7 @@ class StepEngine {
     last_step_ok_ = false;
   }
 
-  // The highest step id handled since the engine was made or Reset (0: none), whether the
+  // The highest step id handled since the runner was made or Reset (0: none), whether the
   // step that brought it ran or was refused. A step built on it may run once it is here.
   uint64_t last_step_id() const { return last_step_id_; }
 
@@ -73,7 +73,7 @@ class StepEngine {
 
   // Sees the logits of every row sampled on the host, before any sampling transform
   // (tests compare them across batch shapes and tensor-parallel layouts). Null: none.
-  // `tap` must outlive the engine.
+  // `tap` must outlive the runner.
   void set_logits_tap(LogitsTap* tap) { logits_tap_ = tap; }
 
   int num_sequences() const { return static_cast<int>(sequences_.size()); }
