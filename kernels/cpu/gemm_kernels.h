@@ -125,13 +125,6 @@ void RoundBf16PairsAvx512Bf16(const float* x, int ldx, int m, int k, void* out);
 // 8 values per step: for the AVX2 and AVX-512F levels.
 void RoundBf16ChainOrderAvx2(const float* x, int ldx, int m, int k, void* out);
 
-// Checks a bf16 panel kernel against the specification (GemmPanelBf16Portable): a
-// 12-row tile against one panel of k = 300, with a bias, once on values of normal size
-// and once on values around 3e-20, whose products and sums fall around FLT_MIN, where
-// the flushing decides. `layout` is the activations the kernel takes. Returns how many
-// outputs differ in any bit, of `*checked` (if not null) compared.
-int Bf16KernelMismatches(GemmPanelKernel kernel, Bf16Activations layout, int* checked = nullptr);
-
 // Calls body() out of line: the compiler does not treat MXCSR as a dependency of
 // arithmetic, so an inlined body's FMAs could be moved across the MXCSR writes around it.
 template <typename Body>

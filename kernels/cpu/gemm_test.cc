@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/bf16_arithmetic.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/thread_pool.h"
@@ -351,8 +352,8 @@ void WrongBf16Panel(const float* x, int ldx, int m, const void* panel, const flo
 }
 
 // The start-up check that keeps vdpbf16ps off a CPU where it would give other bits
-// (ChooseBf16Arithmetic): it passes every kernel this CPU runs, and fails kernels that
-// order or flush the chain differently.
+// (ChooseBf16Arithmetic, bf16_arithmetic.h): it passes every kernel this CPU runs, and fails
+// kernels that order or flush the chain differently.
 TEST(GemmTest, Bf16SelfCheckPassesTheKernelsAndCatchesOtherChains) {
   using internal::Bf16Activations;
   int checked = 0;
