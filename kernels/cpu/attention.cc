@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm_kernels.h"  // FromBf16
 #include "kernels/cpu/thread_pool.h"
 
@@ -156,11 +156,9 @@ void PagedAttentionCpu(const float* q, int q_row_stride, const AttentionBatch& b
   args.out = out;
   // The choice depends only on the CPU and the model, so every token of every batch
   // takes the same kernel; AVX-512 and AVX2 give the same bits.
-  internal::AttentionTileKernel kernel = internal::AttentionTilePortable;
-  if (shape.head_dim % 16 == 0) {
-    if (ActiveCpuIsa() >= CpuIsa::kAvx512) kernel = internal::AttentionTileAvx512;
-    if (ActiveCpuIsa() == CpuIsa::kAvx2) kernel = internal::AttentionTileAvx2;
-  }
+  const internal::AttentionTileKernel kernel = shape.head_dim % 16 == 0
+                                                   ? internal::ActiveCpuKernels().attention_tile
+                                                   : internal::AttentionTilePortable;
   internal::PagedAttentionWith(kernel, args, pool);
 }
 

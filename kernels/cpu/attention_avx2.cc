@@ -2,9 +2,9 @@
 // registers, a chunk's 16 scores in two. Every lane runs the AVX-512 kernel's operations
 // in the same order (the same even/odd FMA chains for the scores, ExpAvx2 = ExpAvx512,
 // the same P·V chains), so the two give the same bits. Compiled with -mavx2 -mfma
-// -ffp-contract=off; called only when ActiveCpuIsa() is AVX2 or above and head_dim is a
-// multiple of 16 (where the AVX-512 kernel would run: so a model's bits do not depend on
-// which of the two a CPU has).
+// -ffp-contract=off; called only through the avx2 level's kernel set (cpu_kernels.h),
+// where head_dim is a multiple of 16 (where the AVX-512 kernel would run: so a model's
+// bits do not depend on which of the two a CPU has).
 #include <immintrin.h>
 
 #include <algorithm>

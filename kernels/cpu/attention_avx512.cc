@@ -1,7 +1,7 @@
 // AVX-512 paged-attention tile kernel: the ISA operations of attention_tile.h on
 // 16-float registers (a chunk's 16 scores in one). Compiled with -mavx512f -mfma
-// -ffp-contract=off; called only when ActiveCpuIsa() is AVX-512 and head_dim is a
-// multiple of 16.
+// -ffp-contract=off; called only through the AVX-512 levels' kernel sets (cpu_kernels.h),
+// where head_dim is a multiple of 16.
 
 // GCC 12 reports the intrinsics' own _mm512_undefined_ps() placeholders as maybe
 // uninitialized (GCC bug 105593); the warnings point into the header, not at this code.

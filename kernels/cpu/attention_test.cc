@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm_kernels.h"  // ToBf16, FromBf16
 #include "kernels/cpu/thread_pool.h"
 
@@ -24,9 +25,7 @@ namespace {
 constexpr int kNumKvHeads = 2;
 
 internal::AttentionTileKernel KernelOf(CpuIsa isa) {
-  return isa >= CpuIsa::kAvx512 ? internal::AttentionTileAvx512
-         : isa == CpuIsa::kAvx2 ? internal::AttentionTileAvx2
-                                : internal::AttentionTilePortable;
+  return internal::CpuKernelsFor(isa).attention_tile;
 }
 
 struct Param {

@@ -2,9 +2,10 @@
 // vdpbf16ps, or with the float32 FMAs the levels below use, which compute the same bits
 // (docs/cpu-weights.md). Having the instruction does not make it fast: it does twice the
 // FMA's multiply-adds per second on a Zen 5, half on an Intel Xeon without AMX
-// (docs/cpu-isa.md). So the process decides once (gemm.cc's ActiveBf16Arithmetic):
-// CONVEYOR_BF16_GEMM if it names one; else vdpbf16ps is checked against the specification
-// on this CPU and, where it computes the specification's bits, timed against the FMAs.
+// (docs/cpu-isa.md). So the process decides once, at start, when cpu_kernels.cc chooses
+// its kernel set: CONVEYOR_BF16_GEMM if it names one; else vdpbf16ps is checked against
+// the specification on this CPU and, where it computes the specification's bits, timed
+// against the FMAs.
 #pragma once
 
 #include <string>

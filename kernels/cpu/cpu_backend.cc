@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_kernels.h"  // ToBf16Strided
 #include "kernels/cpu/row_kernels.h"
@@ -83,9 +84,9 @@ class CpuBackend final : public Backend {
     // bf16 says how it multiplies (vdpbf16ps or the FMAs: the same bits, gemm.h).
     const std::string arithmetic =
         weight_type_ == CpuWeightDtype::kBf16
-            ? absl::StrCat(" (", Bf16ArithmeticName(ActiveBf16Arithmetic()), ")")
+            ? absl::StrCat(" (", Bf16ArithmeticName(kernels_.bf16_arithmetic), ")")
             : "";
-    return absl::StrCat("cpu(", GemmKernelName(), ", ", CpuWeightDtypeName(weight_type_),
+    return absl::StrCat("cpu(", CpuIsaName(kernels_.isa), ", ", CpuWeightDtypeName(weight_type_),
                         " weights", arithmetic, ", ", CpuKvDtypeName(kv_type_), " KV, ",
                         pool_.num_threads(), " threads)");
   }
@@ -274,7 +275,10 @@ class CpuBackend final : public Backend {
     });
   }
 
-  const internal::RowKernels& row_kernels_ = internal::RowKernelsForCpu();
+  // The process's kernel set (cpu_kernels.h); the GEMM and attention take theirs from it
+  // too.
+  const internal::CpuKernels& kernels_ = internal::ActiveCpuKernels();
+  const internal::RowKernels& row_kernels_ = *kernels_.rows;
   const CpuWeightDtype weight_type_;
   const CpuKvDtype kv_type_;
   ThreadPool pool_;

@@ -1,15 +1,16 @@
 // Which instruction set the CPU backend's kernels use: chosen once per process, from what
 // the CPU reports, and lowered (never raised) by the environment variable
 // CONVEYOR_CPU_ISA=portable|avx2|avx512|avx512_bf16, so one machine can exercise every
-// path below its own. The GEMM, the attention tile kernel and the row kernels all follow
-// this one choice.
+// path below its own. The level is applied in one place: it picks the kernel set
+// (cpu_kernels.h) that the GEMM, the attention tile kernel and the row kernels all take
+// theirs from.
 //
 // The chain is AVX512-BF16 → AVX-512F → AVX2+FMA → portable. Only the bf16 GEMM has an
 // AVX512-BF16 kernel (vdpbf16ps); the levels below compute the same bits with FMA
 // (docs/cpu-weights.md). Where both run, the faster on this CPU is used
-// (ActiveBf16Arithmetic in gemm.h: vdpbf16ps does twice the FMA's multiply-adds per
-// second on a Zen 5, half on an Intel Xeon without AMX). AMX and VNNI are detected and
-// logged (CpuFeatureSummary) but have no kernels yet.
+// (bf16_arithmetic.h: vdpbf16ps does twice the FMA's multiply-adds per second on a Zen 5,
+// half on an Intel Xeon without AMX). AMX and VNNI are detected and logged
+// (CpuFeatureSummary) but have no kernels yet.
 #pragma once
 
 #include <optional>
@@ -43,7 +44,8 @@ enum class Bf16Arithmetic { kFma, kVdpbf16ps };
 const char* Bf16ArithmeticName(Bf16Arithmetic a);  // "fma" or "vdpbf16ps"
 
 // What CONVEYOR_BF16_GEMM=fma|vdpbf16ps asks for; nullopt where unset, "auto" or
-// unusable (vdpbf16ps on a level without it). Otherwise the GEMM times both (gemm.h).
+// unusable (vdpbf16ps on a level without it). Otherwise the process checks and times
+// vdpbf16ps (bf16_arithmetic.h).
 std::optional<Bf16Arithmetic> RequestedBf16Arithmetic();
 
 // Checks CONVEYOR_CPU_ISA and CONVEYOR_BF16_GEMM for a binary to report at start: empty

@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/bf16_arithmetic.h"
-#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -137,79 +136,6 @@ char* ThreadScratch(size_t bytes) {
   return static_cast<char*>(buffer.get());
 }
 
-struct Kernels {
-  GemmPanelKernel f32, bf16, int8;
-  // For one row against two panels (gemm_kernels.h); null where the ISA has none.
-  GemmPanelKernel f32_pair = nullptr, bf16_pair = nullptr, int8_pair = nullptr;
-  // The activations bf16 takes: pairs for vdpbf16ps, else float32 in chain order; and
-  // what rounds them into that layout (a vector version of RoundBf16Activations).
-  internal::Bf16Activations bf16_activations = internal::Bf16Activations::kChainOrder;
-  void (*round_bf16)(const float* x, int ldx, int m, int k, void* out) = nullptr;
-  // Where set (a level whose bf16 activations are in chain order), bf16 GEMMs of several
-  // row tiles widen each panel once for the float32 kernel (GemmPackedAs). The AVX2 level
-  // only: there each 6-row pass widens the weights it loads again, and once per chunk ran
-  // the `small` model's 48 layer GEMMs (2 threads, a Zen 4 at the AVX2 level, one
-  // process) at m = 512 in 421 instead of 603 ms, m = 64 54 vs 72, m = 16 17 vs 19. The
-  // AVX-512 FMA kernel widens two registers per 24 FMAs, on pipes the FMAs do not use on
-  // that Zen 4: there once per chunk was no faster (m = 512 386 vs 392 ms) or slower
-  // (m = 16 15.6 vs 13.1 ms, the extra pass over the panels unamortized). Not measured on
-  // an Intel core, whose vector logic shares the FMAs' ports.
-  void (*widen_bf16)(const void* panel, int k, float* out) = nullptr;
-};
-
-// Which bf16 arithmetic the AVX512-BF16 level uses, and why (bf16_arithmetic.h).
-const internal::Bf16Choice& ActiveBf16Choice() {
-  static const internal::Bf16Choice choice = internal::ChooseBf16Arithmetic(ActiveCpuIsa());
-  return choice;
-}
-
-// The kernels of the level ActiveCpuIsa() chose (CONVEYOR_CPU_ISA can lower it, so CI
-// exercises every level up to the machine's own).
-Kernels SelectKernels() {
-  switch (ActiveCpuIsa()) {
-    case CpuIsa::kAvx512Bf16:
-      if (ActiveBf16Choice().arithmetic == Bf16Arithmetic::kVdpbf16ps) {
-        return {internal::GemmPanelAvx512,
-                internal::GemmPanelBf16Avx512Bf16,
-                internal::GemmPanelInt8Avx512,
-                internal::GemmPanelPairAvx512,
-                internal::GemmPanelPairBf16Avx512Bf16,
-                internal::GemmPanelPairInt8Avx512,
-                internal::Bf16Activations::kPairs,
-                internal::RoundBf16PairsAvx512Bf16};
-      }
-      [[fallthrough]];     // The FMAs: the avx512 level's kernels.
-    case CpuIsa::kAvx512:  // AVX-512F implies AVX2: its activations round as AVX2's.
-      return {internal::GemmPanelAvx512,
-              internal::GemmPanelBf16Avx512,
-              internal::GemmPanelInt8Avx512,
-              internal::GemmPanelPairAvx512,
-              internal::GemmPanelPairBf16Avx512,
-              internal::GemmPanelPairInt8Avx512,
-              internal::Bf16Activations::kChainOrder,
-              internal::RoundBf16ChainOrderAvx2};
-    case CpuIsa::kAvx2:
-      return {internal::GemmPanelAvx2,
-              internal::GemmPanelBf16Avx2,
-              internal::GemmPanelInt8Avx2,
-              internal::GemmPanelPairAvx2,
-              internal::GemmPanelPairBf16Avx2,
-              internal::GemmPanelPairInt8Avx2,
-              internal::Bf16Activations::kChainOrder,
-              internal::RoundBf16ChainOrderAvx2,
-              internal::WidenBf16PanelAvx2};
-    case CpuIsa::kPortable:
-    default:
-      return {internal::GemmPanelPortable, internal::GemmPanelBf16Portable,
-              internal::GemmPanelInt8Portable};
-  }
-}
-
-const Kernels& CpuKernels() {
-  static const Kernels kernels = SelectKernels();
-  return kernels;
-}
-
 int NumPanels(int n) { return (n + kGemmPanelWidth - 1) / kGemmPanelWidth; }
 
 size_t ElementBytes(CpuWeightDtype type) {
@@ -246,13 +172,11 @@ void PackPanels(const float* w, int n, int k, T* packed, Convert convert) {
 
 }  // namespace
 
-const char* GemmKernelName() { return CpuIsaName(ActiveCpuIsa()); }
-
-Bf16Arithmetic ActiveBf16Arithmetic() { return ActiveBf16Choice().arithmetic; }
+const char* GemmKernelName() { return CpuIsaName(internal::ActiveCpuKernels().isa); }
 
 std::string Bf16ArithmeticChoice() {
-  return absl::StrCat(Bf16ArithmeticName(ActiveBf16Choice().arithmetic), " (",
-                      ActiveBf16Choice().reason, ")");
+  return absl::StrCat(Bf16ArithmeticName(internal::ActiveCpuKernels().bf16_arithmetic), " (",
+                      internal::ActiveBf16ArithmeticReason(), ")");
 }
 
 size_t PackedGemmPanelBytes(CpuWeightDtype type, int n, int k) {
@@ -320,7 +244,7 @@ void PackGemmWeight(const float* w, int n, int k, float* packed) {
 void GemmPackedAs(const float* x, int ldx, int m, const PackedGemmWeight& w, const float* bias,
                   float* y, int ldy, ThreadPool* pool) {
   const int n = w.n;
-  const Kernels& kernels = CpuKernels();
+  const internal::GemmKernels& kernels = internal::ActiveCpuKernels().gemm;
   // bf16 computes on bf16 activations, rounded here once per call (per thread's buffer:
   // the pool's threads only read it).
   int k = w.k;

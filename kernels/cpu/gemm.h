@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu_weight_dtype.h"
 
 namespace conveyor::kernels {
@@ -41,16 +40,16 @@ void PackGemmWeight(const float* w, int n, int k, float* packed);
 void GemmPacked(const float* x, int ldx, int m, const float* packed, int n, int k,
                 const float* bias, float* y, int ldy, ThreadPool* pool);
 
-// Name of the kernels GemmPacked dispatches to: ActiveCpuIsa()'s ("avx512", "avx2" or
-// "portable"; the environment variable CONVEYOR_CPU_ISA lowers it, see cpu_isa.h).
+// The level of the kernels GemmPacked dispatches to: "avx512_bf16", "avx512", "avx2" or
+// "portable", ActiveCpuIsa()'s (the environment variable CONVEYOR_CPU_ISA lowers it, see
+// cpu_isa.h).
 const char* GemmKernelName();
 
-// How bf16 weights are multiplied (cpu_isa.h): on the AVX512-BF16 level the faster of
-// vdpbf16ps and the FMAs, timed on this CPU once per process (about a millisecond, on
-// first use) unless CONVEYOR_BF16_GEMM names one; below it the FMAs. Both give the same
-// bits, so the choice changes only the speed.
-Bf16Arithmetic ActiveBf16Arithmetic();
-// The same with its reason, for the log: "fma (timed: vdpbf16ps at 0.55x the FMAs' speed)".
+// How bf16 weights are multiplied, with the reason, for the log: "fma (timed: vdpbf16ps
+// at 0.55x the FMAs' speed; ...)". On the AVX512-BF16 level the faster of vdpbf16ps and
+// the FMAs, timed on this CPU once per process, when it picks its kernel set
+// (cpu_kernels.h), unless CONVEYOR_BF16_GEMM names one; below it the FMAs
+// (bf16_arithmetic.h). Both give the same bits, so the choice changes only the speed.
 std::string Bf16ArithmeticChoice();
 
 // A weight packed by PackGemmWeightAs, in panels of kGemmPanelWidth columns × k.

@@ -2,7 +2,8 @@
 // the multiply-adds of an FMA, on activations rounded to bf16 pairs
 // (Bf16Activations::kPairs). The FMA kernels of the other levels reproduce its rounding
 // (gemm_kernels.h). Compiled with -mavx512f -mavx512bw -mavx512bf16 -ffp-contract=off;
-// called only when ActiveCpuIsa() is kAvx512Bf16.
+// called only on the avx512_bf16 level (its kernel set, cpu_kernels.h, and the check
+// and timing of bf16_arithmetic.h).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in gemm_avx512.cc.
 #include <immintrin.h>

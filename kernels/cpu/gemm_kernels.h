@@ -22,8 +22,8 @@ inline constexpr int kGemmMaxRows = 12;
 
 // The *Pair* kernels take one row (m == 1) against two adjacent panels of k steps each
 // (`panel` is the first; cols <= 64 counts from its column 0; scales and bias cover
-// both): the same chains as two single-panel calls, twice as many at once. Where an ISA
-// has them, GemmPackedAs uses them for m == 1.
+// both): the same chains as two single-panel calls, twice as many at once. Where a level
+// has them (GemmKernels), GemmPackedAs uses them for m == 1.
 
 // float32 panels. The AVX-512, AVX2 and portable kernels of a type give the same bits.
 void GemmPanelAvx512(const float* x, int ldx, int m, const void* panel, const float* scales, int k,
@@ -93,7 +93,7 @@ void GemmPanelInt8Portable(const float* x, int ldx, int m, const void* panel, co
 // float32 in the chain's order (step i holds the weights of k = i ^ 1), exactly. The
 // float32 kernels on that, with chain-order activations and under WithDenormalsFlushed,
 // run the bf16 FMA kernels' chains: the same bits. GemmPackedAs uses it at the AVX2 level
-// (gemm.cc says why only there).
+// (GemmKernels::widen_bf16 says why only there).
 void WidenBf16PanelAvx2(const void* panel, int k, float* out);
 
 // bfloat16 bits of `f`, rounded to nearest even; a denormal becomes a zero of its sign
@@ -124,6 +124,28 @@ void RoundBf16PairsAvx512Bf16(const float* x, int ldx, int m, int k, void* out);
 // RoundBf16Activations(..., kChainOrder, out) in AVX2 integer operations (the same bits),
 // 8 values per step: for the AVX2 and AVX-512F levels.
 void RoundBf16ChainOrderAvx2(const float* x, int ldx, int m, int k, void* out);
+
+// One level's kernels for GemmPackedAs, a part of its CpuKernels (cpu_kernels.h).
+struct GemmKernels {
+  GemmPanelKernel f32 = nullptr, bf16 = nullptr, int8 = nullptr;
+  // For one row against two panels (the *Pair* kernels); null where the level has none.
+  GemmPanelKernel f32_pair = nullptr, bf16_pair = nullptr, int8_pair = nullptr;
+  // The activations bf16 takes: pairs for vdpbf16ps, else float32 in chain order; and
+  // what rounds them into that layout (a vector version of RoundBf16Activations; null:
+  // RoundBf16Activations itself).
+  Bf16Activations bf16_activations = Bf16Activations::kChainOrder;
+  void (*round_bf16)(const float* x, int ldx, int m, int k, void* out) = nullptr;
+  // Where set (a level whose bf16 activations are in chain order), bf16 GEMMs of several
+  // row tiles widen each panel once for the float32 kernel (GemmPackedAs). The AVX2 level
+  // only: there each 6-row pass widens the weights it loads again, and once per chunk ran
+  // the `small` model's 48 layer GEMMs (2 threads, a Zen 4 at the AVX2 level, one
+  // process) at m = 512 in 421 instead of 603 ms, m = 64 54 vs 72, m = 16 17 vs 19. The
+  // AVX-512 FMA kernel widens two registers per 24 FMAs, on pipes the FMAs do not use on
+  // that Zen 4: there once per chunk was no faster (m = 512 386 vs 392 ms) or slower
+  // (m = 16 15.6 vs 13.1 ms, the extra pass over the panels unamortized). Not measured on
+  // an Intel core, whose vector logic shares the FMAs' ports.
+  void (*widen_bf16)(const void* panel, int k, float* out) = nullptr;
+};
 
 // Calls body() out of line: the compiler does not treat MXCSR as a dependency of
 // arithmetic, so an inlined body's FMAs could be moved across the MXCSR writes around it.

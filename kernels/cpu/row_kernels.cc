@@ -1,11 +1,9 @@
-// The portable row kernels, the shared RMSNorm reduction and the choice of kernel set.
+// The portable row kernels and the shared RMSNorm reduction.
 // Compiled with -ffp-contract=off: RMSNorm and RoPE must round each product the way the
 // vector kernels do, whatever the target flags.
 #include "kernels/cpu/row_kernels.h"
 
 #include <cmath>
-
-#include "kernels/cpu/cpu_isa.h"
 
 namespace conveyor::kernels::internal {
 
@@ -58,18 +56,5 @@ void SiluMul(const float* gate, const float* up, int n, float* out) {
 }  // namespace
 
 const RowKernels kPortableRowKernels = {"portable", RmsNorm, AddRmsNorm, Rope, SiluMul};
-
-const RowKernels& RowKernelsForCpu() {
-  switch (ActiveCpuIsa()) {
-    case CpuIsa::kAvx512Bf16:  // No bf16 arithmetic in the row kernels.
-    case CpuIsa::kAvx512:
-      return kAvx512RowKernels;
-    case CpuIsa::kAvx2:
-      return kAvx2RowKernels;
-    case CpuIsa::kPortable:
-    default:
-      return kPortableRowKernels;
-  }
-}
 
 }  // namespace conveyor::kernels::internal

@@ -1,6 +1,7 @@
 // Per-token kernels behind the CPU backend's elementwise operations (RMSNorm, RoPE,
 // SiLU·up): each call works on one token's row, so the backend can split a batch over
-// threads by rows. AVX-512, AVX2 and portable sets; RowKernelsForCpu() picks one.
+// threads by rows. AVX-512, AVX2 and portable sets; the process runs its level's
+// (CpuKernels::rows, cpu_kernels.h).
 //
 // Batch invariance: a row's result depends only on that row. RMSNorm's sum of squares
 // goes into 16 float64 lanes (element i into lane i % 16, in index order), which are
@@ -41,9 +42,5 @@ extern const RowKernels kPortableRowKernels;
 extern const RowKernels kAvx2RowKernels;
 // AVX-512F; call only where the CPU reports it.
 extern const RowKernels kAvx512RowKernels;
-
-// The set of ActiveCpuIsa()'s level (cpu_isa.h). Fixed per process, so every token of
-// every batch takes the same kernels.
-const RowKernels& RowKernelsForCpu();
 
 }  // namespace conveyor::kernels::internal

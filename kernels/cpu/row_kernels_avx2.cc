@@ -1,8 +1,9 @@
 // AVX2+FMA row kernels (row_kernels.h). Compiled with -mavx2 -mfma -ffp-contract=off; used
-// only when ActiveCpuIsa() is AVX2 or above. The same rounding steps as the portable and
-// AVX-512 sets: RMSNorm and RoPE give all three sets' bits, SiLU the AVX-512 set's (its
-// exp is ExpAvx512's, lane for lane). A row's tail is handled with masked loads and
-// stores, so a lane's arithmetic never depends on its neighbours.
+// only where the CPU reports them (the avx2 level's kernel set, cpu_kernels.h). The same
+// rounding steps as the portable and AVX-512 sets: RMSNorm and RoPE give all three sets'
+// bits, SiLU the AVX-512 set's (its exp is ExpAvx512's, lane for lane). A row's tail is
+// handled with masked loads and stores, so a lane's arithmetic never depends on its
+// neighbours.
 #include "kernels/cpu/exp_avx2.h"
 #include "kernels/cpu/row_kernels.h"
 

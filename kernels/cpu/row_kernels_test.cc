@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace conveyor::kernels {
 namespace {
@@ -43,11 +44,7 @@ double ReferenceInverseRms(const std::vector<float>& x, float eps) {
   return static_cast<double>(1.0L / std::sqrt(sum / x.size() + eps));
 }
 
-const RowKernels& KernelsOf(CpuIsa isa) {
-  return isa >= CpuIsa::kAvx512 ? internal::kAvx512RowKernels
-         : isa == CpuIsa::kAvx2 ? internal::kAvx2RowKernels
-                                : internal::kPortableRowKernels;
-}
+const RowKernels& KernelsOf(CpuIsa isa) { return *internal::CpuKernelsFor(isa).rows; }
 
 class RowKernelsTest : public testing::TestWithParam<CpuIsa> {
  protected:
