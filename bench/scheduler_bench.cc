@@ -61,7 +61,7 @@
 #include "scheduler/request_pool.h"
 #include "scheduler/worker_group.h"
 #include "spdlog/spdlog.h"
-#include "tests/support/subprocess.h"
+#include "testing/subprocess.h"
 #include "text/tokenizer.h"
 #include "worker.pb.h"
 

@@ -50,7 +50,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "nlohmann/json.hpp"
-#include "tests/support/random_weights.h"
+#include "testing/random_weights.h"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif

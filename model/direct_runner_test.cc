@@ -3,7 +3,7 @@
 // backend is batch invariant, so "the same" means the same bits), and running out of
 // blocks is an error, not a crash.
 #include "model/direct_runner.h"
-#include "tests/support/random_weights.h"
+#include "testing/random_weights.h"
 
 #include <memory>
 #include <vector>

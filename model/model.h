@@ -60,7 +60,7 @@ struct DeviceLogits {
 };
 
 // Where a model's tensors come from: a checkpoint, or (for tests and benchmarks of shapes
-// we cannot ship: tests/support/random_weights.h) deterministic random values.
+// we cannot ship: testing/random_weights.h) deterministic random values.
 class WeightSource {
  public:
   virtual ~WeightSource() = default;

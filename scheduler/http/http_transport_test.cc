@@ -16,7 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/support/raw_http_client.h"
+#include "testing/raw_http_client.h"
 
 namespace conveyor::scheduler {
 namespace {

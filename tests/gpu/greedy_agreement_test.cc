@@ -31,7 +31,7 @@
 #include "model/direct_runner.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
-#include "tests/support/random_weights.h"
+#include "testing/random_weights.h"
 #ifdef CONVEYOR_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif

@@ -16,9 +16,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/support/raw_http_client.h"
+#include "testing/raw_http_client.h"
+#include "testing/subprocess.h"
 #include "tests/support/server_process.h"
-#include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 
 namespace conveyor::testing {

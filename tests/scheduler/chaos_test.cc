@@ -20,8 +20,8 @@
 #include "gtest/gtest.h"
 #include "health.grpc.pb.h"
 #include "rpc/scheduler_id_metadata.h"
+#include "testing/subprocess.h"
 #include "tests/support/server_process.h"
-#include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 #include "worker.grpc.pb.h"
 

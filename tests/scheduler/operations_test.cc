@@ -15,8 +15,8 @@
 #include "gtest/gtest.h"
 #include "health.grpc.pb.h"
 #include "reflection.grpc.pb.h"
+#include "testing/subprocess.h"
 #include "tests/support/server_process.h"
-#include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 
 namespace conveyor::testing {

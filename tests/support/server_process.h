@@ -11,7 +11,7 @@
 
 #include "conveyor.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "tests/support/subprocess.h"
+#include "testing/subprocess.h"
 
 namespace conveyor::testing {
 

@@ -18,8 +18,8 @@
 #include "common/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/subprocess.h"
 #include "tests/support/scheduler_context.h"
-#include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 #include "worker.grpc.pb.h"
 

@@ -11,8 +11,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "testing/subprocess.h"
 #include "tests/support/scheduler_context.h"
-#include "tests/support/subprocess.h"
 #include "tests/support/test_support.h"
 #include "worker.grpc.pb.h"
 

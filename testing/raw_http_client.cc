@@ -1,4 +1,4 @@
-#include "tests/support/raw_http_client.h"
+#include "testing/raw_http_client.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

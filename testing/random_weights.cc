@@ -1,4 +1,4 @@
-#include "tests/support/random_weights.h"
+#include "testing/random_weights.h"
 
 #include <algorithm>
 #include <cmath>
