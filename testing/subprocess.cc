@@ -18,15 +18,18 @@
 namespace conveyor::testing {
 
 std::optional<Subprocess> Subprocess::Start(const std::vector<std::string>& argv) {
+  // Built before fork: the child of a threaded process must not allocate (another
+  // thread may have held the allocator's lock at the fork).
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return std::nullopt;
   const pid_t pid = fork();
   if (pid < 0) return std::nullopt;
   if (pid == 0) {
     dup2(fds[1], STDOUT_FILENO);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
   }

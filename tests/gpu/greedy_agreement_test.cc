@@ -94,6 +94,7 @@ std::vector<std::vector<int32_t>> GreedyDecode(model::DirectRunner* runner,
                                                int vocab) {
   runner->Clear();
   std::vector<int> seqs;
+  seqs.reserve(prompts.size());
   for (const auto& p : prompts) seqs.push_back(runner->Add(p));
   std::vector<std::vector<int32_t>> outputs(prompts.size());
   std::vector<float> logits;

@@ -1,4 +1,4 @@
-#include "bench/sse_client.h"
+#include "bench/load/sse_client.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
