@@ -10,6 +10,7 @@
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
+#include "text/unicode.h"
 #include "text/utf8.h"
 
 namespace conveyor::hf {
@@ -73,21 +74,9 @@ void AppendLowercase(std::string_view text, std::string* out) {
     }
     // One character at a time, as Rust's char::to_lowercase: full mappings (İ becomes
     // two characters) but no context (a final Σ still becomes σ).
-    UChar in[2];
-    int32_t in_length = 0;
-    U16_APPEND_UNSAFE(in, in_length, static_cast<UChar32>(c));
-    UChar lower[8];
-    UErrorCode status = U_ZERO_ERROR;
-    const int32_t length = u_strToLower(lower, 8, in, in_length, "", &status);
-    if (U_FAILURE(status)) {
-      AppendUtf8(c, out);
-      continue;
-    }
-    for (int32_t k = 0; k < length;) {
-      UChar32 l;
-      U16_NEXT_UNSAFE(lower, k, l);
-      AppendUtf8(static_cast<char32_t>(l), out);
-    }
+    std::u32string lower;
+    unicode::AppendLower(c, &lower);
+    for (char32_t l : lower) AppendUtf8(l, out);
   }
 }
 

@@ -1,4 +1,5 @@
-// Unicode text primitives for the HF tokenizer pipeline (hf_tokenizer.h): UTF-8 walking,
+// Unicode text primitives for the HF tokenizer pipeline (hf_tokenizer.h): UTF-8 walking
+// (NextChar and CharSize, from text/utf8.h),
 // the character classes HF tokenizers takes from Rust's `char` and `regex` crate, the
 // normalization forms, Rust's lossy UTF-8 decoding, and `Regex`, which runs the
 // Oniguruma-syntax patterns of tokenizer.json files on PCRE2.
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "text/utf8.h"
 
 namespace conveyor::hf {
 
@@ -27,37 +29,6 @@ namespace conveyor::hf {
 inline absl::string_view AsAbsl(std::string_view text) { return {text.data(), text.size()}; }
 
 // --- UTF-8 -----------------------------------------------------------------------------
-
-// Decodes the character at `text[*i]` and advances `*i` past it. `text` must be valid
-// UTF-8 (checked once where text enters the pipeline).
-inline char32_t NextChar(std::string_view text, size_t* i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char c = b(*i);
-  if (c < 0x80) {
-    *i += 1;
-    return c;
-  }
-  if (c < 0xE0) {
-    const char32_t r = (char32_t{c} & 0x1F) << 6 | (b(*i + 1) & 0x3F);
-    *i += 2;
-    return r;
-  }
-  if (c < 0xF0) {
-    const char32_t r =
-        (char32_t{c} & 0x0F) << 12 | (char32_t{b(*i + 1)} & 0x3F) << 6 | (b(*i + 2) & 0x3F);
-    *i += 3;
-    return r;
-  }
-  const char32_t r = (char32_t{c} & 0x07) << 18 | (char32_t{b(*i + 1)} & 0x3F) << 12 |
-                     (char32_t{b(*i + 2)} & 0x3F) << 6 | (b(*i + 3) & 0x3F);
-  *i += 4;
-  return r;
-}
-
-// Size in bytes of the UTF-8 character that starts with `lead`.
-inline size_t CharSize(unsigned char lead) {
-  return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
-}
 
 // Rust's String::from_utf8_lossy: each maximal ill-formed subsequence becomes one U+FFFD.
 // (Not text/utf8.h's ValidUtf8, which replaces byte by byte.)

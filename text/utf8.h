@@ -3,6 +3,7 @@
 // overlong forms, no surrogates, nothing above U+10FFFF.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -26,5 +27,38 @@ std::string ValidUtf8(std::string_view text);
 
 // Appends the UTF-8 encoding of code point `c` (<= U+10FFFF).
 void AppendUtf8(char32_t c, std::string* out);
+
+// Walking text already checked to be well formed (the one decoder of the text parts):
+
+// Decodes the character at `text[*i]` and advances `*i` past it. `text` must be valid
+// UTF-8 (checked once where text enters the pipeline).
+inline char32_t NextChar(std::string_view text, size_t* i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = b(*i);
+  if (c < 0x80) {
+    *i += 1;
+    return c;
+  }
+  if (c < 0xE0) {
+    const char32_t r = (char32_t{c} & 0x1F) << 6 | (b(*i + 1) & 0x3F);
+    *i += 2;
+    return r;
+  }
+  if (c < 0xF0) {
+    const char32_t r =
+        (char32_t{c} & 0x0F) << 12 | (char32_t{b(*i + 1)} & 0x3F) << 6 | (b(*i + 2) & 0x3F);
+    *i += 3;
+    return r;
+  }
+  const char32_t r = (char32_t{c} & 0x07) << 18 | (char32_t{b(*i + 1)} & 0x3F) << 12 |
+                     (char32_t{b(*i + 2)} & 0x3F) << 6 | (b(*i + 3) & 0x3F);
+  *i += 4;
+  return r;
+}
+
+// Size in bytes of the UTF-8 character that starts with `lead`.
+inline size_t CharSize(unsigned char lead) {
+  return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+}
 
 }  // namespace conveyor

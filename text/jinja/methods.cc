@@ -144,16 +144,6 @@ absl::StatusOr<Value> StrMap(const Value& self, const CallArgs& args) {
   return Value::String(kFn(self.as_string()));
 }
 
-std::string SwapCase(std::string_view s) {
-  std::string out;
-  for (char32_t c : text::Decode(s)) {
-    std::string one;
-    text::AppendUtf8(c, &one);
-    out.append(text::IsUpper(c) ? text::Lower(one) : text::IsLower(c) ? text::Upper(one) : one);
-  }
-  return out;
-}
-
 template <bool kReverse, bool kRaise>
 absl::StatusOr<Value> StrFind(const Value& self, const CallArgs& args) {
   ASSIGN_OR_RETURN(auto bound, BindArgs("find", args, {"sub"}, 1));
@@ -199,13 +189,15 @@ absl::StatusOr<Value> StrIs(const Value& self, const CallArgs& args) {
 bool IsAlnum(char32_t c) { return text::IsAlpha(c) || text::IsDigit(c); }
 bool IsAscii(char32_t c) { return c < 0x80; }
 
-// islower()/isupper(): some cased code point, and none of the other case.
+// islower()/isupper(): some cased code point, and none of the other case or titlecase.
 template <bool kUpper>
 absl::StatusOr<Value> StrIsCase(const Value& self, const CallArgs& args) {
   RETURN_IF_ERROR(BindArgs("str.is*", args, {}).status());
   bool cased = false;
   for (char32_t c : text::Decode(self.as_string())) {
-    if (kUpper ? text::IsLower(c) : text::IsUpper(c)) return Value::Bool(false);
+    if ((kUpper ? text::IsLower(c) : text::IsUpper(c)) || text::IsTitle(c)) {
+      return Value::Bool(false);
+    }
     if (kUpper ? text::IsUpper(c) : text::IsLower(c)) cased = true;
   }
   return Value::Bool(cased);
@@ -329,7 +321,7 @@ constexpr Method kStrMethods[] = {
     {"splitlines", StrSplitLines},
     {"startswith", StrAffix<false>},
     {"strip", StrStrip<true, true>},
-    {"swapcase", StrMap<SwapCase>},
+    {"swapcase", StrMap<text::SwapCase>},
     {"title", StrMap<text::Title>},
     {"translate", nullptr},
     {"upper", StrMap<text::Upper>},

@@ -2,12 +2,11 @@
 //
 // Templates see strings as sequences of code points (len, slicing, iteration), and apply
 // Python's str methods to them. Strings are stored as UTF-8; these helpers decode on
-// demand. Case mapping is Unicode's simple mapping from glibc's C.UTF-8 locale (falling
-// back to tables for Latin-1, Latin Extended-A, basic Greek and Cyrillic), plus Python's
-// ß -> SS, final sigma, İ and the digraph title cases; the other multi-character special
-// casings of Python (ŉ, ǰ, ligatures) are left as their simple mapping.
-// Whitespace and printability follow Python's str.isspace / str.isprintable for the code
-// points chat templates meet; unassigned code points count as printable.
+// demand. Case mappings and character properties come from text/unicode.h (ICU), applied
+// as CPython applies its own: full mappings, the Final_Sigma context in lower(), title(),
+// capitalize() and swapcase(), isupper()/islower() false on a titlecase letter. The
+// differential test (unicode_test.cc) checks every code point against Python's str
+// methods, up to the Unicode version both know. isdigit() and friends stay ASCII.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +35,9 @@ bool IsSpace(char32_t c);
 // Python str.isprintable() for one code point (see the file comment).
 bool IsPrintable(char32_t c);
 bool IsCased(char32_t c);
-bool IsLower(char32_t c);
-bool IsUpper(char32_t c);
+bool IsLower(char32_t c);  // The Lowercase property.
+bool IsUpper(char32_t c);  // The Uppercase property.
+bool IsTitle(char32_t c);  // A titlecase letter (Lt): neither lower nor upper for Python.
 bool IsAlpha(char32_t c);
 bool IsDigit(char32_t c);
 // \w in Python's re: letters, digits and underscore.
@@ -48,6 +48,7 @@ std::string Upper(std::string_view s);
 std::string Lower(std::string_view s);
 std::string Title(std::string_view s);
 std::string Capitalize(std::string_view s);
+std::string SwapCase(std::string_view s);
 
 // str.strip/lstrip/rstrip: `chars` nullopt strips whitespace, else any of its code points.
 std::string Strip(std::string_view s, const std::optional<std::string>& chars, bool left,
