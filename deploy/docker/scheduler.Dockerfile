@@ -44,10 +44,10 @@ RUN /usr/local/lib/conveyor/runtime-packages.sh check /usr/share/conveyor/runtim
  && /usr/local/lib/conveyor/runtime-packages.sh verify /usr/local/bin/conveyor-scheduler
 
 USER 10001:10001
-# gRPC Generate + health, Prometheus /metrics.
-EXPOSE 50051 9400
+# gRPC Generate + health, the OpenAI-compatible HTTP API, Prometheus /metrics.
+EXPOSE 50051 8000 9400
 ENTRYPOINT ["/usr/local/bin/conveyor-scheduler"]
-CMD ["--host=0.0.0.0", "--port=50051", "--metrics_port=9400"]
+CMD ["--host=0.0.0.0", "--port=50051", "--http_port=8000", "--metrics_port=9400"]
 
 LABEL org.opencontainers.image.title="conveyor-scheduler" \
       org.opencontainers.image.description="Conveyor LLM inference server: request scheduler (CPU only)"

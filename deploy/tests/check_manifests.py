@@ -209,6 +209,7 @@ def main():
     client_tls, internal_tls = values["tls"]["clientApi"], values["tls"]["internal"]
     auth = values["auth"]
     s_health = sched_v["healthPort"] if client_tls["enabled"] else None
+    s_http = sched_v["httpPort"] or None
     w_health = worker_v["healthPort"] if internal_tls["enabled"] else None
     sched_flags = list(SCHEDULER_FLAGS)
     if client_tls["enabled"]:
@@ -221,6 +222,8 @@ def main():
         sched_flags.append("tls_refresh_s")
     if auth["tokensSecretName"]:
         sched_flags += ["auth_tokens_file", "max_concurrent_requests_per_token"]
+    if s_http:
+        sched_flags.append("http_port")
     worker_flags = list(WORKER_FLAGS)
     if internal_tls["enabled"]:
         worker_flags += ["tls_cert_file", "tls_key_file", "tls_ca_file", "tls_refresh_s",
@@ -300,7 +303,11 @@ def main():
     expected_kv = sched_v["kvCacheBytes"] or (values["cpuOnly"]["kvCacheBytes"] if cpu else 0)
     check.expect(first.get("kv_cache_bytes") == str(expected_kv),
                  f"scheduler --kv_cache_bytes={first.get('kv_cache_bytes')}, expected {expected_kv}")
+    check.expect(first.get("http_port") == (str(s_http) if s_http else None),
+                 f"scheduler --http_port={first.get('http_port')}, expected {s_http}")
     expected_ports = {"grpc": s_grpc, "metrics": s_metrics}
+    if s_http:
+        expected_ports["http"] = s_http
     if s_health:
         expected_ports["health"] = s_health
     check.expect(container_ports(sc) == expected_ports,
@@ -434,8 +441,11 @@ def main():
     check.expect(subset(sched_svc["spec"]["selector"], sched_labels) and
                  not subset(sched_svc["spec"]["selector"], worker_labels),
                  "scheduler Service does not select exactly the scheduler pods")
-    check.expect(svc_ports(sched_svc) == {"grpc": (s_grpc, "grpc"), "metrics": (s_metrics, "metrics")},
-                 f"scheduler Service ports {svc_ports(sched_svc)}")
+    expected_svc = {"grpc": (s_grpc, "grpc"), "metrics": (s_metrics, "metrics")}
+    if s_http:
+        expected_svc["http"] = (s_http, "http")
+    check.expect(svc_ports(sched_svc) == expected_svc,
+                 f"scheduler Service ports {svc_ports(sched_svc)}, expected {expected_svc}")
     check.expect(subset(headless["spec"]["selector"], worker_labels) and
                  not subset(headless["spec"]["selector"], sched_labels),
                  "headless Service does not select exactly the worker pods")
@@ -521,6 +531,10 @@ def main():
             peers = peers_allowed_on(np, s_grpc)
             check.expect(peers == (clients or [None]),
                          f"scheduler gRPC port peers {peers}, expected {clients or 'any source'}")
+            if s_http:
+                peers = peers_allowed_on(np, s_http)
+                check.expect(peers == (clients or [None]),
+                             f"scheduler HTTP port peers {peers}, expected {clients or 'any source'}")
             check.expect(all(p and p.get("namespaceSelector") == monitoring
                              for p in peers_allowed_on(np, s_metrics)) and peers_allowed_on(np, s_metrics),
                          "scheduler metrics port must be open to the monitoring namespace only")
