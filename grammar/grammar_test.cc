@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "grammar/matcher.h"
+#include "grammar/token_mask.h"
 #include "gtest/gtest.h"
 #include "text/utf8.h"
 
@@ -336,6 +337,63 @@ TEST(GrammarTest, LimitsAreCheckedBeforeAnythingGrows) {
               HasSubstr("more than the limit of 10"));
   EXPECT_THAT(Grammar::Parse(std::string("root ::= \"\xC3\"\n")).status().message(),
               HasSubstr("not valid UTF-8"));
+}
+
+// The masker against the plainest reference: each token's bytes fed to a fresh copy of the
+// matcher. Random vocabularies (byte strings cut anywhere, so tokens end inside UTF-8
+// characters; shared prefixes; a special token and two EOS ids), at states reached by
+// drawn prefixes of sentences.
+TEST(TokenMaskTest, EqualsFeedingEveryTokenAlone) {
+  std::mt19937 rng(3);
+  for (const char* text : {kJson, kUnicode, kCounted}) {
+    auto grammar = std::make_shared<const Grammar>(MustParse(text));
+    std::vector<std::string> sentences;
+    for (int i = 0; i < 200; ++i) {
+      if (auto s = Draw(*grammar, rng, 30); s.has_value() && !s->empty()) {
+        sentences.push_back(Utf8(*s));
+      }
+    }
+    ASSERT_GT(sentences.size(), 50u);
+    // Tokens: pieces of sentences, single bytes, and a few strings no sentence holds.
+    std::vector<std::string> tokens = {"", "<|special|>", "<eos>", "\xff", "zz"};
+    for (int b = 0; b < 256; ++b) tokens.emplace_back(1, static_cast<char>(b));
+    for (const std::string& s : sentences) {
+      for (int k = 0; k < 6; ++k) {
+        const size_t from = std::uniform_int_distribution<size_t>(0, s.size() - 1)(rng);
+        const size_t len = std::uniform_int_distribution<size_t>(1, 6)(rng);
+        tokens.push_back(s.substr(from, len));
+      }
+    }
+    std::vector<bool> special(tokens.size(), false);
+    special[1] = true;
+    const Vocabulary vocabulary(tokens, special, {2, 0});
+    const TokenMasker masker(&vocabulary);
+    int checked = 0, allowed = 0;
+    for (const std::string& s : sentences) {
+      Matcher m(grammar);
+      const size_t cut = std::uniform_int_distribution<size_t>(0, s.size())(rng);
+      ASSERT_TRUE(m.Accept(s.substr(0, cut)));
+      const Bitmask mask = masker.Compute(m);
+      EXPECT_EQ(m.num_accepted(), cut);  // The matcher ends as it began.
+      for (int32_t id = 0; id < vocabulary.size(); ++id) {
+        bool want;
+        if (id == 2 || id == 0) {
+          want = m.CanEnd();  // EOS (id 0 also has no bytes).
+        } else if (special[id] || tokens[id].empty()) {
+          want = false;
+        } else {
+          Matcher alone = m;
+          want = alone.Accept(tokens[id]);
+        }
+        ASSERT_EQ(Allowed(mask, id), want)
+            << "token " << id << " [" << tokens[id] << "] after [" << s.substr(0, cut) << "]";
+        ++checked;
+        allowed += want;
+      }
+    }
+    EXPECT_GT(allowed, 100) << text;
+    EXPECT_GT(checked, 10000);
+  }
 }
 
 }  // namespace
