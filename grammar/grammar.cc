@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::grammar {
 namespace {

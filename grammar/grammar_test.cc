@@ -19,7 +19,7 @@
 #include "grammar/test_util.h"
 #include "grammar/token_mask.h"
 #include "gtest/gtest.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::grammar {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::grammar {
 

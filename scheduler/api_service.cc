@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/grpc_status.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

@@ -25,7 +25,7 @@
 #include "text/hf_tokenizer.h"
 #include "text/hf_tokenizer_test_util.h"
 #include "text/tokenizer.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

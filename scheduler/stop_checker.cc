@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

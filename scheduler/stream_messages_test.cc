@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/test_tokenizer.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

@@ -24,14 +24,14 @@ ALLOWED = {
     "common": set(),
     "checkpoint": {"common"},
     "text": {"common"},
-    # Structured output's grammar engine. It reads UTF-8 with text/utf8.h for now; that
-    # header moves to common/ before the worker includes grammar/ (docs/structured-output.md).
-    "grammar": {"common", "text"},
+    # Structured output's grammar engine: the scheduler compiles schemas with it, the
+    # worker matches tokens with it; so it may not use text/ (the worker never tokenizes).
+    "grammar": {"common"},
     "rpc": {"common", "proto"},
     "kernels": {"common"},
     "model": {"common", "checkpoint", "kernels"},
-    "worker": {"common", "checkpoint", "model", "rpc", "proto"},
-    "scheduler": {"common", "text", "rpc", "proto"},
+    "worker": {"common", "checkpoint", "model", "grammar", "rpc", "proto"},
+    "scheduler": {"common", "text", "grammar", "rpc", "proto"},
 }
 PARTS = set(ALLOWED) | {"tests", "testing", "bench", "proto"}
 

@@ -8,7 +8,7 @@
 #include "common/status_macros.h"
 #include "text/hf_stage_util.h"
 #include "text/hf_tokenizer_text.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::hf {
 namespace {

@@ -15,7 +15,7 @@
 #include "text/hf_tokenizer_bpe.h"
 #include "text/hf_tokenizer_components.h"
 #include "text/hf_tokenizer_text.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor {
 namespace hf {

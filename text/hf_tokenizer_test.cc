@@ -23,7 +23,7 @@
 #include "text/hf_tokenizer_components.h"
 #include "text/hf_tokenizer_test_util.h"
 #include "text/hf_tokenizer_text.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor {
 namespace {

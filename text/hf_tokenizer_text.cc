@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "text/unicode.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::hf {
 

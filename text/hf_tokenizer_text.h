@@ -1,5 +1,5 @@
 // Unicode text primitives for the HF tokenizer pipeline (hf_tokenizer.h): UTF-8 walking
-// (NextChar and CharSize, from text/utf8.h),
+// (NextChar and CharSize, from common/utf8.h),
 // the character classes HF tokenizers takes from Rust's `char` and `regex` crate, the
 // normalization forms, Rust's lossy UTF-8 decoding, and `Regex`, which runs the
 // Oniguruma-syntax patterns of tokenizer.json files on PCRE2.
@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::hf {
 
@@ -31,7 +31,7 @@ inline absl::string_view AsAbsl(std::string_view text) { return {text.data(), te
 // --- UTF-8 -----------------------------------------------------------------------------
 
 // Rust's String::from_utf8_lossy: each maximal ill-formed subsequence becomes one U+FFFD.
-// (Not text/utf8.h's ValidUtf8, which replaces byte by byte.)
+// (Not common/utf8.h's ValidUtf8, which replaces byte by byte.)
 void AppendLossyUtf8(std::string_view bytes, std::string* out);
 
 // --- Character classes, as Rust's `char` methods and `regex` crate define them ----------

@@ -16,7 +16,7 @@ namespace conveyor::fuzz {
 std::unique_ptr<Tokenizer> LoadTokenizer(std::string_view name);
 
 // Whether `text` is well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code
-// points above U+10FFFF). Written here rather than taken from text/utf8.h so that the
+// points above U+10FFFF). Written here rather than taken from common/utf8.h so that the
 // invariants do not check the product with its own code.
 bool IsWellFormedUtf8(std::string_view text);
 

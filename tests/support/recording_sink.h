@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "scheduler/request.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::testing {
 

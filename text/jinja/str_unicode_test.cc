@@ -16,7 +16,7 @@
 #include "text/jinja/chat_template.h"
 #include "text/jinja/text.h"
 #include "text/unicode.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::jinja {
 namespace {

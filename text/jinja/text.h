@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::jinja::text {
 

@@ -1,4 +1,4 @@
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor {
 namespace {
