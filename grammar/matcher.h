@@ -37,10 +37,13 @@ class Matcher {
   // Some byte may follow.
   bool CanContinue() const;
 
-  // Bytes accepted since construction (or Reset).
+  // Bytes accepted since construction (or Reset, or Commit): those Rollback can take back.
   size_t num_accepted() const { return history_.size(); }
   // Takes back the last `n` accepted bytes (n <= num_accepted()).
   void Rollback(size_t n);
+  // Makes the bytes accepted so far permanent, freeing what Rollback would need (a
+  // sequence commits each sampled token, so its matcher's memory stays flat).
+  void Commit() { history_.clear(); }
   // Back to the start.
   void Reset();
 

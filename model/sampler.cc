@@ -237,7 +237,8 @@ Sampler::Sampler(int vocab_size)
 
 SampleResult Sampler::Sample(std::span<float> logits, const SamplingParams& params,
                              std::span<const int> prompt_tokens, std::span<const int> output_tokens,
-                             uint64_t draw_index, bool want_logprob) {
+                             uint64_t draw_index, bool want_logprob,
+                             const uint32_t* allowed_tokens) {
   assert(logits.size() == static_cast<size_t>(vocab_size_));
   SampleResult result;
   // Log-probabilities describe the model, not the sampler, so they are taken before the penalties
@@ -250,6 +251,11 @@ SampleResult Sampler::Sample(std::span<float> logits, const SamplingParams& para
     }
   }
 
+  if (allowed_tokens != nullptr) {
+    for (int id = 0; id < vocab_size_; ++id) {
+      if (((allowed_tokens[id / 32] >> (id % 32)) & 1u) == 0) logits[id] = kNegInf;
+    }
+  }
   ApplyPenalties(params, prompt_tokens, output_tokens, logits, seen_, output_counts_);
 
   const int best = ArgMax(logits);

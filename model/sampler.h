@@ -37,9 +37,14 @@ class Sampler {
   // contents are unspecified afterwards). `prompt_tokens` and `output_tokens` are the
   // sequence so far, for penalties; `draw_index` is the index of this draw in the
   // sequence's random stream (the number of tokens it generated before this one).
+  // `allowed_tokens`, when not null, is a bit per token (bit id % 32 of word id / 32) of
+  // the tokens structured output allows (grammar/token_mask.h); the others are removed
+  // before penalties, temperature and the filters, as if their logits were -inf (the
+  // log-probabilities still describe the model). It must allow at least one token.
   SampleResult Sample(std::span<float> logits, const SamplingParams& params,
                       std::span<const int> prompt_tokens, std::span<const int> output_tokens,
-                      uint64_t draw_index, bool want_logprob);
+                      uint64_t draw_index, bool want_logprob,
+                      const uint32_t* allowed_tokens = nullptr);
 
   int vocab_size() const { return vocab_size_; }
 

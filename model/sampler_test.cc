@@ -668,5 +668,41 @@ TEST(SamplerTest, DegenerateSettingsKeepOnlyTheMostLikelyToken) {
   }
 }
 
+// A grammar's mask removes tokens exactly as -inf logits would, whatever the filters, and
+// leaves the log-probabilities the model's.
+TEST(SamplerTest, AllowedTokensActAsMinusInfinity) {
+  constexpr int kVocab = 300;
+  Sampler sampler(kVocab);
+  std::mt19937 rng(11);
+  const std::vector<int> history = {1, 2, 3, 7};
+  for (uint32_t trial = 0; trial < 200; ++trial) {
+    const std::vector<float> logits = RandomLogits(kVocab, trial);
+    std::vector<uint32_t> mask((kVocab + 31) / 32, 0);
+    std::vector<float> removed = logits;
+    const int density = 1 + trial % 5;  // 1 in `density` tokens allowed.
+    bool any = false;
+    for (int id = 0; id < kVocab; ++id) {
+      if (rng() % density == 0 || (!any && id == kVocab - 1)) {
+        mask[id / 32] |= 1u << (id % 32);
+        any = true;
+      } else {
+        removed[id] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    SamplingParams params = Params(trial % 4 == 0 ? 0.0f : 0.7f, trial % 3 == 0 ? 5 : 0,
+                                   trial % 2 == 0 ? 0.9f : 1.0f);
+    params.repetition_penalty = trial % 7 == 0 ? 1.3f : 1.0f;
+    params.seed = trial;
+    params.num_logprobs = 2;
+    std::vector<float> a = logits;
+    std::vector<float> b = removed;
+    const SampleResult masked = sampler.Sample(a, params, history, history, trial, true, mask.data());
+    const SampleResult reference = sampler.Sample(b, params, history, history, trial, true);
+    EXPECT_EQ(masked.token_id, reference.token_id) << trial;
+    EXPECT_TRUE((mask[masked.token_id / 32] >> (masked.token_id % 32)) & 1u) << trial;
+    EXPECT_NEAR(masked.logprob, LogSoftmax(logits)[masked.token_id], 1e-4) << trial;
+  }
+}
+
 }  // namespace
 }  // namespace conveyor::model

@@ -30,6 +30,7 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "text/jinja/chat_template.h"
+#include "text/token_bytes.h"
 
 namespace {
 
@@ -249,7 +250,12 @@ int main(int argc, char** argv) {
                *authenticator != nullptr ? ", bearer tokens" : "",
                *worker_credentials != nullptr ? ", mTLS to the workers" : "");
 
-  WorkerGroup workers(conveyor::scheduler::MakeWorkerGroupOptions(config, *worker_credentials));
+  WorkerGroup::Options worker_options =
+      conveyor::scheduler::MakeWorkerGroupOptions(config, *worker_credentials);
+  // Ids beyond the tokenizer's (a padded vocabulary) add nothing; the workers pad.
+  worker_options.token_bytes = std::make_shared<const conveyor::TokenByteTable>(
+      conveyor::MakeTokenByteTable(**tokenizer, (*tokenizer)->vocab_size()));
+  WorkerGroup workers(std::move(worker_options));
 
   // Workers come up in their own time; a signal during the wait still stops us cleanly.
   std::atomic<bool> stop_requested{false};

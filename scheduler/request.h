@@ -45,6 +45,10 @@ struct Request {
   int num_pending_tokens = 0;
 
   worker::v1::SamplingParams sampling;
+  // Structured output: the grammar (grammar/grammar.h) the output must follow, compiled
+  // from the request's schema or regex; the workers apply it (NewSequence.grammar). Null:
+  // unconstrained.
+  std::shared_ptr<const std::string> grammar;
   int max_new_tokens = 0;
   // Token ids that end generation with reason EOS / STOP.
   std::vector<int32_t> eos_token_ids;

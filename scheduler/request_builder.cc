@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "rpc/sampling_params_wire.h"
+#include "scheduler/output_constraint.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -137,6 +138,18 @@ absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest&
     }
   }
   r->stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  if (p.has_constraint()) {
+    if (p.ignore_eos()) {
+      return Invalid("ignore_eos cannot be combined with a constraint: EOS is how a "
+                     "constrained output ends");
+    }
+    absl::StatusOr<std::shared_ptr<const std::string>> grammar = CompileConstraint(p.constraint());
+    if (!grammar.ok()) {
+      return absl::Status(grammar.status().code(),
+                          absl::StrCat("constraint: ", grammar.status().message()));
+    }
+    r->grammar = *std::move(grammar);
+  }
   if (!p.ignore_eos()) r->eos_token_ids = limits.eos_token_ids;
   r->num_logprobs = p.logprobs();
   r->priority = p.priority();

@@ -31,6 +31,7 @@ worker::v1::StepRequest StepEncoder::Encode(const StepPlan& plan) {
       seq->set_num_tokens(s.num_tokens);
       seq->mutable_block_ids()->Add(blocks.begin(), blocks.end());
       *seq->mutable_sampling() = r->sampling;
+      if (r->grammar != nullptr) seq->set_grammar(*r->grammar);
     } else {
       worker::v1::RunningSequence* seq = step.add_running();
       seq->set_seq_id(r->id);

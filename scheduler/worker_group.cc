@@ -129,6 +129,13 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
       request.set_kv_cache_bytes(options_.kv_cache_bytes);
       request.set_max_step_tokens(options_.max_step_tokens);
       request.set_max_num_seqs(options_.max_num_seqs);
+      if (options_.token_bytes != nullptr) {
+        const TokenByteTable& table = *options_.token_bytes;
+        request.mutable_token_bytes()->Assign(table.bytes.begin(), table.bytes.end());
+        for (size_t id = 0; id < table.special.size(); ++id) {
+          if (table.special[id]) request.add_special_token_ids(static_cast<int32_t>(id));
+        }
+      }
       // The ranks of a group connect inside Init, so one rank retrying alone cannot
       // succeed once the others gave up (and rank 0 then wants a new id): no retries.
       statuses[rank] = CallUntil(deadline, /*retry=*/world == 1, [&](grpc::ClientContext* c) {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/security/credentials.h"
 #include "scheduler/step_executor.h"
+#include "text/token_bytes.h"
 #include "worker.grpc.pb.h"
 
 namespace conveyor::scheduler {
@@ -31,6 +32,10 @@ class WorkerGroup final : public StepExecutor {
     uint64_t kv_cache_bytes = 0;  // Per rank; 0 lets each worker choose.
     int max_step_tokens = 0;
     int max_num_seqs = 0;
+    // Each token's bytes and the control tokens, for structured output's grammars
+    // (InitRequest.token_bytes); shared, as every rank gets the same (MiBs for a large
+    // vocabulary). Null: the workers refuse constrained sequences.
+    std::shared_ptr<const conveyor::TokenByteTable> token_bytes;
     std::chrono::milliseconds step_timeout{60'000};
     // How the channels to the ranks are secured; null: plaintext. With TLS, each rank's
     // certificate must name its host in `addresses`, or `tls_server_name` when set.

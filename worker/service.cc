@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "google/protobuf/unknown_field_set.h"
+#include "grammar/token_mask.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/impl/rpc_service_method.h"
@@ -249,6 +250,19 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   runner_options.max_num_seqs = rank_options.max_num_seqs;
   runner_options.tp_rank = request.tp_rank();
   runner_ = std::make_unique<StepRunner>(&(*rank)->model(), &cache, runner_options);
+  if (request.token_bytes_size() > 0) {
+    // The model's vocabulary may be larger than the tokenizer's: ids beyond add nothing.
+    std::vector<std::string> token_bytes(c.vocab_size);
+    for (int id = 0; id < std::min(c.vocab_size, request.token_bytes_size()); ++id) {
+      token_bytes[id] = request.token_bytes(id);
+    }
+    std::vector<bool> special(c.vocab_size, false);
+    for (int32_t id : request.special_token_ids()) {
+      if (id >= 0 && id < c.vocab_size) special[id] = true;
+    }
+    runner_->set_vocabulary(std::make_unique<grammar::Vocabulary>(
+        std::move(token_bytes), std::move(special), c.eos_token_ids));
+  }
   if (auto device_sampler = (*rank)->TakeDeviceSampler(); device_sampler != nullptr) {
     runner_->set_device_sampler(std::move(device_sampler));
   }

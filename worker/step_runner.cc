@@ -21,6 +21,9 @@ absl::Status Invalid(uint64_t seq_id, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("sequence ", seq_id, ": ", what));
 }
 
+// Compiled grammars a runner keeps (a schema's grammar is a few KiB to a MiB).
+constexpr size_t kMaxCachedGrammars = 256;
+
 }  // namespace
 
 StepRunner::StepRunner(model::LlamaModel* model, model::KvCache* cache, const Options& options)
@@ -114,8 +117,53 @@ absl::Status StepRunner::ValidateWrites(const v1::StepRequest& request,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<grammar::Matcher>> StepRunner::MatcherFor(
+    const v1::NewSequence& seq) {
+  if (vocabulary_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "has a grammar, but the worker was initialised without token_bytes");
+  }
+  std::shared_ptr<const grammar::Grammar>& cached = grammars_[seq.grammar()];
+  if (cached == nullptr) {
+    absl::StatusOr<grammar::Grammar> parsed = grammar::Grammar::Parse(seq.grammar());
+    if (!parsed.ok()) {
+      grammars_.erase(seq.grammar());
+      return absl::InvalidArgumentError(absl::StrCat("grammar: ", parsed.status().message()));
+    }
+    if (grammars_.size() > kMaxCachedGrammars) {
+      grammars_.clear();
+      return MatcherFor(seq);  // Once: the grammar now goes into an empty cache.
+    }
+    cached = std::make_shared<const grammar::Grammar>(*std::move(parsed));
+  }
+  auto matcher = std::make_unique<grammar::Matcher>(cached);
+  // Rebuilt from the output so far (after a preemption or on a new worker): the tokens were
+  // sampled under this grammar, so the state is the one they left.
+  const int first_output = seq.token_ids_size() - seq.num_output_tokens();
+  for (int i = first_output; i < seq.token_ids_size(); ++i) {
+    const int32_t token = seq.token_ids(i);
+    if (token >= vocabulary_->size() || !matcher->Accept(vocabulary_->bytes(token))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "generated token ", i - first_output, " (id ", token, ") is not allowed by its grammar"));
+    }
+    matcher->Commit();
+  }
+  return matcher;
+}
+
+void StepRunner::ComputeMask(Sequence& seq) {
+  mask_ = grammar::TokenMasker(vocabulary_.get()).Compute(*seq.matcher);
+  if (std::all_of(mask_.begin(), mask_.end(), [](uint32_t word) { return word == 0; })) {
+    // No token's bytes continue the text (a vocabulary without the character the grammar
+    // needs next): end the output rather than break the grammar.
+    for (int32_t eos : model_->config().eos_token_ids) {
+      if (eos >= 0 && eos < vocabulary_->size()) mask_[eos / 32] |= 1u << (eos % 32);
+    }
+  }
+}
+
 absl::Status StepRunner::Validate(const v1::StepRequest& request,
-                                  std::vector<Scheduled>* scheduled) const {
+                                  std::vector<Scheduled>* scheduled) {
   const ModelConfig& config = model_->config();
   const int block_size = cache_->block_size();
   std::unordered_set<uint64_t> dropped;
@@ -164,7 +212,7 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
     RETURN_IF_ERROR(
         check_capacity(id, s.num_computed, r.num_tokens(), static_cast<int64_t>(s.tokens.size()),
                        static_cast<int64_t>(s.block_table.size()) + r.new_block_ids_size()));
-    scheduled->push_back({id, nullptr, &r, r.num_tokens()});
+    scheduled->push_back({id, nullptr, &r, r.num_tokens(), nullptr});
   }
   for (const v1::NewSequence& n : request.new_sequences()) {
     const uint64_t id = n.seq_id();
@@ -198,7 +246,16 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
     RETURN_IF_ERROR(ValidateBlocks(n.block_ids(), "block_ids", id));
     RETURN_IF_ERROR(check_capacity(id, n.num_cached_tokens(), n.num_tokens(), n.token_ids_size(),
                                    n.block_ids_size()));
-    scheduled->push_back({id, &n, nullptr, n.num_tokens()});
+    std::unique_ptr<grammar::Matcher> matcher;
+    if (!n.grammar().empty()) {
+      absl::StatusOr<std::unique_ptr<grammar::Matcher>> made = MatcherFor(n);
+      if (!made.ok()) {
+        return absl::Status(made.status().code(),
+                            absl::StrCat("sequence ", id, ": ", made.status().message()));
+      }
+      matcher = *std::move(made);
+    }
+    scheduled->push_back({id, &n, nullptr, n.num_tokens(), std::move(matcher)});
   }
   if (total_tokens > options_.max_step_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("step schedules ", total_tokens,
@@ -287,7 +344,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
   } else {
     for (uint64_t id : request.dropped_seq_ids()) EraseSequence(id);
   }
-  for (const Scheduled& s : scheduled) {
+  for (Scheduled& s : scheduled) {
     if (s.new_seq != nullptr) {
       Sequence seq;
       seq.tokens.assign(s.new_seq->token_ids().begin(), s.new_seq->token_ids().end());
@@ -295,6 +352,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
       seq.num_computed = s.new_seq->num_cached_tokens();
       seq.block_table.assign(s.new_seq->block_ids().begin(), s.new_seq->block_ids().end());
       seq.sampling = FromWire(s.new_seq->sampling());
+      seq.matcher = std::move(s.matcher);
       AddSequence(s.seq_id, std::move(seq));
     } else {
       const auto& added = s.running->new_block_ids();
@@ -305,7 +363,12 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
 
   const int vocab = model_->config().vocab_size;
   const int rows = static_cast<int>(sampling_seqs_.size());
-  const bool on_device = device_sampler_ != nullptr && rows <= device_sampler_->max_rows();
+  // Grammar masks are applied on the host: a step with a constrained row samples there.
+  const bool constrained = std::any_of(sampling_seqs_.begin(), sampling_seqs_.end(), [&](uint64_t id) {
+    return sequences_.at(id).matcher != nullptr;
+  });
+  const bool on_device =
+      device_sampler_ != nullptr && rows <= device_sampler_->max_rows() && !constrained;
   const auto forward_start = std::chrono::steady_clock::now();
   double forward_ms = 0;
   absl::Status forward;
@@ -359,9 +422,16 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
     } else {
       row.assign(logits_.begin() + i * vocab, logits_.begin() + (i + 1) * vocab);
       if (logits_tap_ != nullptr) logits_tap_->OnLogits(request.step_id(), sampling_seqs_[i], row);
+      if (seq.matcher != nullptr) ComputeMask(seq);
       result = sampler_.Sample(row, seq.sampling, all.first(seq.num_prompt_tokens),
                                all.subspan(seq.num_prompt_tokens),
-                               seq.tokens.size() - seq.num_prompt_tokens, want_logprob);
+                               seq.tokens.size() - seq.num_prompt_tokens, want_logprob,
+                               seq.matcher != nullptr ? mask_.data() : nullptr);
+    }
+    if (seq.matcher != nullptr && result.token_id < vocabulary_->size()) {
+      // The mask allowed it, so the bytes are accepted (EOS, which adds none, ends it).
+      seq.matcher->Accept(vocabulary_->bytes(result.token_id));
+      seq.matcher->Commit();
     }
     seq.tokens.push_back(result.token_id);
     if (options_.tp_rank != 0) continue;

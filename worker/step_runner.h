@@ -15,7 +15,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "grammar/grammar.h"
+#include "grammar/matcher.h"
+#include "grammar/token_mask.h"
 #include "model/device_sampler.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
@@ -55,6 +59,12 @@ class StepRunner {
     device_sampler_ = std::move(sampler);
   }
 
+  // The bytes of each token, which constrained sequences (NewSequence.grammar) are matched
+  // with; without it such sequences are refused. Set once, before the first step.
+  void set_vocabulary(std::unique_ptr<grammar::Vocabulary> vocabulary) {
+    vocabulary_ = std::move(vocabulary);
+  }
+
   // Forgets every sequence and step (a restarted scheduler starts from a clean slate).
   void Reset() {
     ClearSequences();
@@ -87,6 +97,8 @@ class StepRunner {
     int num_computed = 0;  // Tokens whose K/V are in the cache.
     std::vector<int32_t> block_table;
     model::SamplingParams sampling;
+    // Structured output: where the output stands in its grammar. Null: unconstrained.
+    std::unique_ptr<grammar::Matcher> matcher;
   };
   // One sequence scheduled in the step being validated.
   struct Scheduled {
@@ -94,9 +106,16 @@ class StepRunner {
     const v1::NewSequence* new_seq = nullptr;  // Null for running sequences.
     const v1::RunningSequence* running = nullptr;
     int num_tokens = 0;
+    // A new constrained sequence's matcher, its output so far accepted.
+    std::unique_ptr<grammar::Matcher> matcher;
   };
 
-  absl::Status Validate(const v1::StepRequest& request, std::vector<Scheduled>* scheduled) const;
+  absl::Status Validate(const v1::StepRequest& request, std::vector<Scheduled>* scheduled);
+  // The matcher of a new sequence's grammar with its generated tokens accepted.
+  absl::StatusOr<std::unique_ptr<grammar::Matcher>> MatcherFor(const v1::NewSequence& seq);
+  // The tokens `seq`'s grammar allows next, into mask_ (never none: where no token fits,
+  // EOS ends the output).
+  void ComputeMask(Sequence& seq);
   absl::Status ValidateBlocks(const google::protobuf::RepeatedField<int32_t>& blocks,
                               const char* field, uint64_t seq_id) const;
   // Checks that the blocks each scheduled sequence writes this step belong to it alone,
@@ -127,6 +146,10 @@ class StepRunner {
   bool last_step_ok_ = false;  // Whether step last_step_id_ ran.
   bool device_failed_ = false;
   LogitsTap* logits_tap_ = nullptr;
+  std::unique_ptr<grammar::Vocabulary> vocabulary_;  // Null: no constrained sequences.
+  // Compiled grammars by their text: requests with one schema share one. Bounded by
+  // kMaxCachedGrammars; emptied when full.
+  absl::flat_hash_map<std::string, std::shared_ptr<const grammar::Grammar>> grammars_;
 
   // Per-step scratch.
   model::ForwardBatch batch_;
@@ -134,6 +157,7 @@ class StepRunner {
   std::vector<float> logits_;            // [rows, vocab] when sampled on the host.
   std::vector<model::RowToSample> rows_to_sample_;
   std::vector<model::SampleResult> sampled_;
+  grammar::Bitmask mask_;
 };
 
 }  // namespace conveyor::worker

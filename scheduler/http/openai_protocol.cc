@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "scheduler/output_constraint.h"
 #include "text/bounded_json.h"
 
 namespace conveyor::scheduler::openai {
@@ -200,14 +201,6 @@ absl::Status ParseChat(const Json& body, const ParseOptions& options, ParsedRequ
     if (!tools->is_array()) return WrongType("tools", "a list of tools");
     if (!tools_off && !tools->empty()) r->tools = *tools;
   }
-  if (const Json* format = Field(body, "response_format"); format != nullptr) {
-    if (!format->is_object() || format->value("type", Json()) != "text") {
-      return Unsupported("response_format",
-                         "response_format must be {\"type\": \"text\"}: structured output is "
-                         "not supported");
-    }
-  }
-
   ASSIGN_OR_RETURN(std::optional<bool> logprobs, GetBool(body, "logprobs"));
   r->logprobs = logprobs.value_or(false);
   ASSIGN_OR_RETURN(std::optional<int64_t> top,
@@ -259,9 +252,60 @@ absl::Status ParseCompletions(const Json& body, const ParseOptions& options, Par
   return absl::OkStatus();
 }
 
+// Structured output: OpenAI's response_format (text, json_object, json_schema) and, as
+// SGLang and vLLM take it, a top-level `regex`. Compiled here, so a schema the compiler
+// refuses is a 400 naming response_format (the engine then finds it in the cache).
+absl::Status ParseResponseFormat(const Json& body, v1::GenerateRequest* g) {
+  const Json* format = Field(body, "response_format");
+  const Json* regex = Field(body, "regex");
+  if (regex != nullptr) {
+    if (!regex->is_string()) return WrongType("regex", "a string");
+    g->mutable_constraint()->set_regex(regex->get<std::string>());
+  }
+  if (format != nullptr) {
+    if (!format->is_object()) return WrongType("response_format", "an object");
+    ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(*format, "type"));
+    if (type == "json_object") {
+      g->mutable_constraint()->set_json_object(true);
+    } else if (type == "json_schema") {
+      const Json* spec = Field(*format, "json_schema");
+      if (spec == nullptr || !spec->is_object()) {
+        return WrongType("response_format.json_schema",
+                         "an object with the schema in `schema` (and a `name`)");
+      }
+      const Json* schema = Field(*spec, "schema");
+      if (schema == nullptr) {
+        return Invalid("response_format.json_schema.schema",
+                       "response_format.json_schema.schema is missing: give the JSON Schema "
+                       "the output must follow");
+      }
+      if (!schema->is_object() && !schema->is_boolean()) {
+        return WrongType("response_format.json_schema.schema", "a JSON Schema object");
+      }
+      g->mutable_constraint()->set_json_schema(Dump(*schema));
+    } else if (type != "text") {
+      return Invalid("response_format.type",
+                     absl::StrCat("response_format.type must be \"text\", \"json_object\" or "
+                                  "\"json_schema\", got ", JsonExcerpt(format->value("type", Json()))));
+    }
+    if (type != "text" && regex != nullptr) {
+      return Invalid("regex", "give either regex or a response_format other than text, not both");
+    }
+  }
+  if (!g->has_constraint()) return absl::OkStatus();
+  if (absl::StatusOr<std::shared_ptr<const std::string>> grammar =
+          scheduler::CompileConstraint(g->constraint());
+      !grammar.ok()) {
+    const absl::string_view param = regex != nullptr ? "regex" : "response_format";
+    return Invalid(param, absl::StrCat(param, ": ", grammar.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 // What both endpoints share: streaming, sampling, stopping, n.
 absl::Status ParseCommon(const Json& body, ParsedRequest* r) {
   v1::GenerateRequest& g = r->generate;
+  RETURN_IF_ERROR(ParseResponseFormat(body, &g));
   ASSIGN_OR_RETURN(std::optional<bool> stream, GetBool(body, "stream"));
   r->stream = stream.value_or(false);
   if (const Json* options = Field(body, "stream_options"); options != nullptr) {

@@ -272,8 +272,17 @@ TEST(ParseRequestTest, BadChatRequestsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
        "tool_choice"},
       {R"({"messages": [{"role": "user", "content": "x"}],
-           "response_format": {"type": "json_object"}})",
+           "response_format": {"type": "xml"}})",
+       "response_format.type"},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}})",
+       "response_format.json_schema.schema"},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "response_format": {"type": "json_schema",
+                               "json_schema": {"name": "a", "schema": {"type": "object",
+                                 "properties": {"a": {"type": "string", "foo": 1}}}}}})",
        "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "regex": 5})", "regex"},
       {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", "n"},
   };
   for (const Case& c : cases) {
@@ -432,6 +441,34 @@ TEST(ModelsTest, ListsTheServedModel) {
   EXPECT_EQ(list["object"], "list");
   EXPECT_EQ(list["data"][0]["id"], "tiny");
   EXPECT_EQ(list["data"][0]["object"], "model");
+}
+
+TEST(ParseRequestTest, ResponseFormatBecomesTheConstraint) {
+  auto object = Chat(R"({"messages": [{"role": "user", "content": "x"}],
+                         "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_TRUE(object->generate.constraint().json_object());
+  auto schema = Chat(R"({"messages": [{"role": "user", "content": "x"}],
+                         "response_format": {"type": "json_schema", "json_schema": {
+                           "name": "p", "strict": true, "schema": {"type": "object",
+                           "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+                           "required": ["b", "a"], "additionalProperties": false}}}})");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  // Key order is the client's: properties are generated in it.
+  EXPECT_EQ(schema->generate.constraint().json_schema(),
+            R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}},)"
+            R"("required":["b","a"],"additionalProperties":false})");
+  auto text = Chat(R"({"messages": [{"role": "user", "content": "x"}],
+                       "response_format": {"type": "text"}})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_FALSE(text->generate.has_constraint());
+  // The refusal names the keyword and where it is.
+  auto bad = Chat(R"({"messages": [{"role": "user", "content": "x"}],
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "a",
+                        "schema": {"properties": {"a": {"type": "string", "foo": 1}}}}}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), testing::HasSubstr("foo"));
+  EXPECT_THAT(std::string(bad.status().message()), testing::HasSubstr("properties"));
 }
 
 }  // namespace

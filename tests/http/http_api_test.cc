@@ -196,6 +196,24 @@ TEST_F(HttpApiTest, CurlStreamsServerSentEvents) {
   RunClientTest(http_port_, ModelName(), "test_curl_streams_server_sent_events");
 }
 
+TEST_F(HttpApiTest, StructuredOutputValidates) {
+  RunClientTest(http_port_, ModelName(), "test_structured_output_validates");
+}
+
+TEST_F(HttpApiTest, StructuredOutputStreamsAsItAnswersWhole) {
+  RunClientTest(http_port_, ModelName(), "test_structured_output_streams_as_it_answers_whole");
+}
+
+TEST_F(HttpApiTest, JsonObject) { RunClientTest(http_port_, ModelName(), "test_json_object"); }
+
+TEST_F(HttpApiTest, ParseHelperRoundTripsAPydanticModel) {
+  RunClientTest(http_port_, ModelName(), "test_parse_helper_round_trips_a_pydantic_model");
+}
+
+TEST_F(HttpApiTest, BadSchemasAre400sThatNameTheKeyword) {
+  RunClientTest(http_port_, ModelName(), "test_bad_schemas_are_400s_that_name_the_keyword");
+}
+
 TEST_F(HttpApiTest, SixtyFourConcurrentStreamsMatchRunsAlone) {
   const std::vector<std::string> finished = {"reason=\"length\"", "api=\"http\""};
   const double before = MetricWithLabels("conveyor_requests_finished_total", finished);

@@ -134,5 +134,44 @@ TEST_F(RequestBuilderTest, SeedIsKeptOrDrawn) {
   EXPECT_NE(a, b);
 }
 
+TEST_F(RequestBuilderTest, ConstraintsCompileToTheGrammarTheWorkersGet) {
+  v1::GenerateRequest r = Valid();
+  r.mutable_constraint()->set_json_schema(R"({"type": "object", "properties": {"a": {"enum": [1]}}})");
+  auto built = BuildRequest(r, limits_, *tokenizer_);
+  ASSERT_TRUE(built.ok()) << built.status();
+  ASSERT_NE((*built)->grammar, nullptr);
+  EXPECT_THAT(*(*built)->grammar, HasSubstr("root ::="));
+  // The same constraint again is the same compiled grammar (cached).
+  auto again = BuildRequest(r, limits_, *tokenizer_);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->grammar, (*built)->grammar);
+
+  v1::GenerateRequest object = Valid();
+  object.mutable_constraint()->set_json_object(true);
+  auto built_object = BuildRequest(object, limits_, *tokenizer_);
+  ASSERT_TRUE(built_object.ok());
+  EXPECT_NE((*built_object)->grammar, nullptr);
+
+  EXPECT_EQ((*BuildRequest(Valid(), limits_, *tokenizer_))->grammar, nullptr);
+}
+
+TEST_F(RequestBuilderTest, BadConstraintsSayWhatToFix) {
+  v1::GenerateRequest r = Valid();
+  r.mutable_constraint()->set_json_schema("{\"type\": ");
+  ExpectInvalid(r, "constraint: json_schema is not valid JSON");
+  r.mutable_constraint()->set_json_schema(R"({"type": "string", "format": "pigeon"})");
+  ExpectInvalid(r, "pigeon");
+  r.mutable_constraint()->set_grammar("root ::= \"a\" missing");
+  ExpectInvalid(r, "missing");
+  r.mutable_constraint()->set_json_object(false);
+  ExpectInvalid(r, "json_object is false");
+  r.mutable_constraint()->Clear();
+  r.mutable_constraint();
+  ExpectInvalid(r, "constraint has no kind");
+  r.mutable_constraint()->set_json_object(true);
+  r.set_ignore_eos(true);
+  ExpectInvalid(r, "ignore_eos cannot be combined");
+}
+
 }  // namespace
 }  // namespace conveyor::scheduler
