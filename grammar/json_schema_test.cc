@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/test_temp_dir.h"
 #include "gmock/gmock.h"
 #include "grammar/grammar.h"
@@ -41,6 +42,28 @@ const char* const kSchemas[] = {
     R"({"type": "array", "items": {"type": "object", "properties": {"ok": {"type": "boolean",
         "nullable": true}}, "required": ["ok"], "additionalProperties": false},
         "minItems": 1, "maxItems": 4})",
+    R"({"type": "object", "properties": {"code": {"type": "string",
+        "pattern": "^[A-Z]{2,3}-\\d{3}$"}, "note": {"type": "string", "pattern": "a[\"\\\\]+b|^x"},
+        "day": {"format": "date"}, "at": {"type": "string", "format": "date-time"},
+        "t": {"type": "string", "format": "time"}}, "required": ["code", "note", "day", "at", "t"],
+        "additionalProperties": false})",
+    R"({"type": "array", "prefixItems": [{"format": "email"}, {"format": "uuid"},
+        {"format": "ipv4"}, {"format": "ipv6"}, {"format": "hostname"}, {"format": "uri"}],
+        "items": false, "minItems": 6})",
+    R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": -37,
+        "exclusiveMaximum": 1205}, "m": {"type": "integer", "exclusiveMinimum": 99},
+        "k": {"type": "integer", "maximum": -3}, "pos": {"type": "number", "exclusiveMinimum": 0},
+        "nonneg": {"type": "number", "minimum": 0}, "neg": {"type": "number", "exclusiveMaximum": 0},
+        "nonpos": {"maximum": 0}}, "required": ["n", "m", "k", "pos", "nonneg", "neg", "nonpos"],
+        "additionalProperties": false})",
+    R"({"$defs": {"named": {"type": "object", "properties": {"name": {"type": "string"}},
+        "required": ["name"]}}, "allOf": [{"$ref": "#/$defs/named"},
+        {"properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}},
+         "required": ["age"]}, {"properties": {"name": {"maxLength": 5}, "age": true},
+         "additionalProperties": false}, {"anyOf": [{"required": ["name"]},
+         {"properties": {"age": {"maximum": 10}}}]}]})",
+    R"({"allOf": [{"type": ["integer", "string"]}, {"type": "number", "minimum": 10},
+        {"maximum": 20}]})",
 };
 
 TEST(JsonSchemaTest, EveryDrawnSentenceValidatesWithPythonJsonschema) {
@@ -71,7 +94,7 @@ TEST(JsonSchemaTest, EveryDrawnSentenceValidatesWithPythonJsonschema) {
   lines.close();
   const std::string script = dir.path() + "/validate.py";
   // `nullable` is OpenAPI's, not JSON Schema's: the reference reads it as anyOf with null.
-  std::ofstream(script) << R"(import json, sys
+  std::ofstream(script) << R"py(import datetime, json, re, sys, urllib.parse
 import jsonschema
 
 def openapi_nullable(s):
@@ -83,18 +106,34 @@ def openapi_nullable(s):
         s = [openapi_nullable(v) for v in s]
     return s
 
+# jsonschema checks time, date-time, hostname and uri only with extra packages
+# (rfc3339-validator, fqdn, rfc3987); the test venv has none, so these check them here.
+formats = jsonschema.FormatChecker()
+RFC3339_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+def check(name, test):
+    if name not in jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers:
+        formats.checks(name, raises=(ValueError,))(test)
+check("time", lambda s: bool(re.fullmatch(RFC3339_TIME, s)) and bool(datetime.time.fromisoformat(s.upper().replace("Z", "+00:00"))))
+check("date-time", lambda s: bool(re.fullmatch(r"\d{4}-\d\d-\d\d[Tt]" + RFC3339_TIME, s))
+      and bool(datetime.datetime.fromisoformat(s)))
+check("hostname", lambda s: len(s) <= 253 and all(
+    re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", label) for label in s.split(".")))
+check("uri", lambda s: bool(re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:([A-Za-z0-9._~!$&'()*+,;=:@/?#\[\]-]|%[0-9A-Fa-f]{2})*", s))
+      and bool(urllib.parse.urlsplit(s).scheme))
+
 bad = 0
 for line in open(sys.argv[1]):
     case = json.loads(line)
     schema = openapi_nullable(case["schema"])
-    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(case["instance"]))
+    errors = list(jsonschema.Draft202012Validator(schema, format_checker=formats)
+                  .iter_errors(case["instance"]))
     if errors:
         bad += 1
         if bad <= 10:
             print("invalid:", case["text"], "--", errors[0].message)
 print("checked", sum(1 for _ in open(sys.argv[1])), "bad", bad)
 sys.exit(1 if bad else 0)
-)";
+)py";
   const std::string command =
       std::string(CONVEYOR_TEST_VENV "/bin/python ") + script + " " + lines_path + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
@@ -142,9 +181,31 @@ TEST(JsonSchemaTest, RefusalsNameTheKeywordAndThePath) {
     const char* schema;
     const char* message;
   } cases[] = {
-      {R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^a"}}})",
-       "at $.properties.code: the keyword `pattern` is not supported"},
-      {R"({"allOf": [{"type": "string"}]})", "at $: the keyword `allOf` is not supported"},
+      {R"({"type": "object", "properties": {"code": {"type": "string", "uniqueItems": true}}})",
+       "at $.properties.code: the keyword `uniqueItems` is not supported"},
+      {R"({"type": "object", "minProperties": 1})", "the keyword `minProperties` is not supported"},
+      {R"({"properties": {"a": {"pattern": "(a)\\1"}}})",
+       "at $.properties.a.pattern: regex at position 3: backreferences (\\1) are not supported"},
+      {R"({"pattern": "a", "maxLength": 3})", "`pattern` cannot be combined with `maxLength`"},
+      {R"({"items": {"format": "color"}})",
+       "at $.items.format: the format `color` is not supported"},
+      {R"({"allOf": [{"type": "string"}, {"type": "integer"}]})",
+       "allOf: the branches' types have nothing in common"},
+      {R"({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})",
+       "at $.allOf[1]: allOf: two different `pattern` values cannot be combined"},
+      {R"({"allOf": [{"type": "object"}, {"minProperties": 2}]})",
+       "at $.allOf[1]: the keyword `minProperties` is not supported"},
+      {R"({"allOf": [{"properties": {"a": false}}, {"properties": {"b": {}}}]})",
+       "the property `a` is forbidden by one branch"},
+      {R"({"allOf": [{"enum": [1, 2]}, {"enum": [3]}]})", "no value in common"},
+      {R"({"type": "number", "minimum": 1.5})", "bounds on a `number` are supported at 0 only"},
+      {R"({"type": "number", "exclusiveMinimum": 0, "maximum": 0})", "no number is within"},
+      {R"({"type": "integer", "minimum": 3, "exclusiveMaximum": 3})", "no integer is within"},
+      {R"({"type": "integer", "maximum": 1e300})", "beyond 10^15"},
+      {R"({"required": ["a"], "additionalProperties": false})",
+       "the required property `a` is not allowed by additionalProperties"},
+      {R"({"allOf": [{"required": ["a"]}, {"properties": {"b": {}}, "additionalProperties": false}]})",
+       "the required property `a` is not allowed by additionalProperties"},
       {R"({"$ref": "#/$defs/missing"})", "`#/$defs/missing` names no definition"},
       {R"({"$ref": "https://example.com/s.json"})", "only references to #/$defs/NAME"},
       {R"({"type": "array", "minItems": 3, "maxItems": 2})", "maxItems is below minItems"},
@@ -165,6 +226,65 @@ TEST(JsonSchemaTest, RefusalsNameTheKeywordAndThePath) {
   deep.append(100, '}');
   EXPECT_THAT(std::string(JsonSchemaToGrammar(json::parse(deep)).status().message()),
               HasSubstr("nest deeper than 64"));
+}
+
+// Integer bounds against arithmetic: every integer near each bound, drawn ones, and
+// spellings JSON allows that the grammar must still refuse or accept (-0, leading zeros).
+TEST(JsonSchemaTest, IntegerBoundsAcceptExactlyTheRange) {
+  std::mt19937_64 rng(3);
+  const int64_t edges[] = {0, 1, 9, 10, 99, 100, 101, 999, 1000, 1234, 99999, 100000, 4567890};
+  for (int round = 0; round < 60; ++round) {
+    auto draw = [&]() -> int64_t {
+      const int64_t e = edges[rng() % std::size(edges)] + static_cast<int64_t>(rng() % 3) - 1;
+      return rng() % 2 == 0 ? e : -e;
+    };
+    int64_t lo = draw(), hi = draw();
+    if (lo > hi) std::swap(lo, hi);
+    json schema = {{"type", "integer"}};
+    const bool exclusive = round % 3 == 0;
+    if (round % 5 != 1)
+      schema[exclusive ? "exclusiveMinimum" : "minimum"] = exclusive ? lo - 1 : lo;
+    if (round % 5 != 2)
+      schema[exclusive ? "exclusiveMaximum" : "maximum"] = exclusive ? hi + 1 : hi;
+    absl::StatusOr<std::string> text = JsonSchemaToGrammar(schema);
+    ASSERT_TRUE(text.ok()) << text.status() << schema.dump();
+    absl::StatusOr<Grammar> grammar = Grammar::Parse(*text);
+    ASSERT_TRUE(grammar.ok()) << grammar.status() << "\n" << *text;
+    auto shared = std::make_shared<const Grammar>(*std::move(grammar));
+    auto accepts = [&](const std::string& doc) {
+      Matcher m(shared);
+      return m.Accept(doc) && m.CanEnd();
+    };
+    const bool has_lo = schema.contains("minimum") || schema.contains("exclusiveMinimum");
+    const bool has_hi = schema.contains("maximum") || schema.contains("exclusiveMaximum");
+    std::vector<int64_t> probes;
+    for (int64_t d = -12; d <= 12; ++d) probes.insert(probes.end(), {lo + d, hi + d, d});
+    for (int k = 0; k < 40; ++k) {
+      probes.push_back(static_cast<int64_t>(rng() % 20000000) - 10000000);
+    }
+    for (int64_t v : probes) {
+      const bool want = (!has_lo || v >= lo) && (!has_hi || v <= hi);
+      EXPECT_EQ(accepts(std::to_string(v)), want) << v << " " << schema.dump();
+    }
+    EXPECT_FALSE(accepts("01")) << schema.dump();
+    EXPECT_FALSE(accepts("1.0")) << schema.dump();
+  }
+}
+
+TEST(JsonSchemaTest, GrammarSizeIsBounded) {
+  std::string props;
+  for (int i = 0; i < 50; ++i) {
+    props += absl::StrCat(i == 0 ? "" : ", ", "\"p", i, "\": {\"pattern\": \"[^a]{100}x\"}");
+  }
+  const json schema = json::parse("{\"properties\": {" + props + "}}");
+  ASSERT_TRUE(JsonSchemaToGrammar(schema).ok());
+  SchemaLimits small;
+  small.max_grammar_bytes = 20000;
+  absl::StatusOr<std::string> text = JsonSchemaToGrammar(schema, small);
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(text.status().message()),
+              HasSubstr("the JSON Schema compiles to too large a grammar"));
 }
 
 TEST(JsonSchemaTest, AnyObjectGrammarAcceptsObjectsOnly) {

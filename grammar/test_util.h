@@ -1,8 +1,9 @@
-// What the grammar tests share: UTF-8 of code points, and sentences drawn at random from
-// a grammar.
+// What the grammar tests share: UTF-8 of code points, sentences drawn at random from a
+// grammar, and running a reference (Python in the test venv) to read its output.
 #pragma once
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <random>
 #include <string>
@@ -60,6 +61,15 @@ inline std::optional<std::u32string> Draw(const Grammar& g, std::mt19937& rng, s
     out.push_back(r.lo + std::uniform_int_distribution<uint32_t>(0, span)(rng));
   }
   return out;
+}
+
+// Runs `command` through the shell, stderr included in `*output`; its exit status.
+inline int RunCommand(const std::string& command, std::string* output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[512];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) *output += buffer;
+  return pclose(pipe);
 }
 
 }  // namespace conveyor::grammar
