@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grammar/grammar.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::grammar {
 namespace {

@@ -21,7 +21,7 @@
 #include "grammar/test_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::grammar {
 namespace {

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 #include "text/bounded_json.h"
 
 namespace conveyor::scheduler {
@@ -32,7 +33,7 @@ absl::StatusOr<std::string> GrammarText(const v1::OutputConstraint& c) {
       }
       return grammar::AnyJsonObjectGrammar();
     case v1::OutputConstraint::kRegex:
-      return absl::UnimplementedError("regex constraints are not available yet");
+      return grammar::RegexToGrammar(c.regex());
     case v1::OutputConstraint::kGrammar:
       return c.grammar();
     case v1::OutputConstraint::KIND_NOT_SET:

@@ -152,6 +152,12 @@ TEST_F(RequestBuilderTest, ConstraintsCompileToTheGrammarTheWorkersGet) {
   ASSERT_TRUE(built_object.ok());
   EXPECT_NE((*built_object)->grammar, nullptr);
 
+  v1::GenerateRequest regex = Valid();
+  regex.mutable_constraint()->set_regex("[a-z]{2,4}@example\\.com");
+  auto built_regex = BuildRequest(regex, limits_, *tokenizer_);
+  ASSERT_TRUE(built_regex.ok()) << built_regex.status();
+  EXPECT_NE((*built_regex)->grammar, nullptr);
+
   EXPECT_EQ((*BuildRequest(Valid(), limits_, *tokenizer_))->grammar, nullptr);
 }
 
@@ -163,6 +169,8 @@ TEST_F(RequestBuilderTest, BadConstraintsSayWhatToFix) {
   ExpectInvalid(r, "pigeon");
   r.mutable_constraint()->set_grammar("root ::= \"a\" missing");
   ExpectInvalid(r, "missing");
+  r.mutable_constraint()->set_regex("(a)\\1");
+  ExpectInvalid(r, "backreference");
   r.mutable_constraint()->set_json_object(false);
   ExpectInvalid(r, "json_object is false");
   r.mutable_constraint()->Clear();
