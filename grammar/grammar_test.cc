@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "grammar/matcher.h"
 #include "grammar/test_util.h"
 #include "grammar/token_mask.h"
 #include "gtest/gtest.h"
-#include "common/utf8.h"
 
 namespace conveyor::grammar {
 namespace {
@@ -321,6 +321,9 @@ TEST(TokenMaskTest, EqualsFeedingEveryTokenAlone) {
     special[1] = true;
     const Vocabulary vocabulary(tokens, special, {2, 0});
     const TokenMasker masker(&vocabulary);
+    // The cached masker shares its positions across sentences (small, so some are not kept).
+    MaskCache cache(grammar, &vocabulary, /*max_contexts=*/8);
+    const TokenMasker cached(&vocabulary, &cache);
     int checked = 0, allowed = 0;
     for (const std::string& s : sentences) {
       Matcher m(grammar);
@@ -328,6 +331,8 @@ TEST(TokenMaskTest, EqualsFeedingEveryTokenAlone) {
       ASSERT_TRUE(m.Accept(s.substr(0, cut)));
       const Bitmask mask = masker.Compute(m);
       EXPECT_EQ(m.num_accepted(), cut);  // The matcher ends as it began.
+      ASSERT_EQ(cached.Compute(m), mask) << "cached, after [" << s.substr(0, cut) << "]";
+      EXPECT_EQ(m.num_accepted(), cut);
       for (int32_t id = 0; id < vocabulary.size(); ++id) {
         bool want;
         if (id == 2 || id == 0) {
@@ -346,6 +351,8 @@ TEST(TokenMaskTest, EqualsFeedingEveryTokenAlone) {
     }
     EXPECT_GT(allowed, 100) << text;
     EXPECT_GT(checked, 10000);
+    EXPECT_GT(cache.num_contexts(), 0u) << text;
+    EXPECT_LE(cache.num_contexts(), 8u) << text;
   }
 }
 

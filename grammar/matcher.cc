@@ -1,7 +1,6 @@
 #include "grammar/matcher.h"
 
 #include <algorithm>
-#include <tuple>
 #include <utility>
 
 namespace conveyor::grammar {
@@ -60,96 +59,97 @@ char32_t Decode(const uint8_t* bytes, int size) {
 
 Matcher::Matcher(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) { Reset(); }
 
+Matcher::Matcher(std::shared_ptr<const Grammar> grammar, const Context& context)
+    : grammar_(std::move(grammar)) {
+  int32_t stack = kEmpty;
+  for (auto it = context.rbegin(); it != context.rend(); ++it) stack = Intern(*it, stack);
+  Expand(stack, &state_.stacks);
+  std::sort(state_.stacks.begin(), state_.stacks.end());
+  state_.stacks.erase(std::unique(state_.stacks.begin(), state_.stacks.end()), state_.stacks.end());
+}
+
 void Matcher::Reset() {
   history_.clear();
   state_ = State();
   const int root = grammar_->root();
   const Rule& rule = grammar_->rules()[root];
   for (size_t a = 0; a < rule.alternatives.size(); ++a) {
-    Expand(Stack{{root, static_cast<int32_t>(a), 0}}, &state_.stacks);
+    Expand(Intern({root, static_cast<int32_t>(a), 0}, kEmpty), &state_.stacks);
   }
-  std::sort(state_.stacks.begin(), state_.stacks.end(), [](const Stack& x, const Stack& y) {
-    return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end(),
-                                        [](const Position& a, const Position& b) {
-                                          return std::tie(a.rule, a.alternative, a.index) <
-                                                 std::tie(b.rule, b.alternative, b.index);
-                                        });
-  });
+  std::sort(state_.stacks.begin(), state_.stacks.end());
   state_.stacks.erase(std::unique(state_.stacks.begin(), state_.stacks.end()), state_.stacks.end());
 }
 
-const Element& Matcher::Top(const Stack& stack) const {
-  const Position& p = stack.back();
+int32_t Matcher::Intern(Position position, int32_t below) {
+  const auto [it, added] =
+      frame_ids_.try_emplace(FrameKey{position, below}, static_cast<int32_t>(frames_.size()));
+  if (added) frames_.push_back({position, below});
+  return it->second;
+}
+
+const Element& Matcher::Top(int32_t stack) const {
+  const Position& p = frames_[stack].position;
   return grammar_->rules()[p.rule].alternatives[p.alternative][p.index];
 }
 
-void Matcher::Expand(Stack stack, std::vector<Stack>* out) const {
+void Matcher::Expand(int32_t stack, std::vector<int32_t>* out) {
   const std::vector<Rule>& rules = grammar_->rules();
-  std::vector<Stack> work;
-  work.push_back(std::move(stack));
-  while (!work.empty()) {
-    Stack s = std::move(work.back());
-    work.pop_back();
-    if (s.empty()) {
-      out->push_back(std::move(s));  // The sentence may end here.
+  work_.clear();
+  work_.push_back(stack);
+  while (!work_.empty()) {
+    const int32_t s = work_.back();
+    work_.pop_back();
+    if (s == kEmpty) {
+      out->push_back(kEmpty);  // The sentence may end here.
       continue;
     }
-    Position& p = s.back();
-    const Sequence& sequence = rules[p.rule].alternatives[p.alternative];
-    if (p.index == static_cast<int32_t>(sequence.size())) {
-      s.pop_back();  // The rule is complete: back to its caller.
-      work.push_back(std::move(s));
+    const Frame frame = frames_[s];
+    const Sequence& sequence = rules[frame.position.rule].alternatives[frame.position.alternative];
+    if (frame.position.index == static_cast<int32_t>(sequence.size())) {
+      work_.push_back(frame.below);  // The rule is complete: back to its caller.
       continue;
     }
-    const Element& e = sequence[p.index];
+    const Element& e = sequence[frame.position.index];
     if (e.kind == Element::Kind::kChars) {
-      out->push_back(std::move(s));
+      out->push_back(s);
       continue;
     }
     const int32_t callee = e.rule;
-    ++p.index;
+    Position after = frame.position;
+    ++after.index;
     // A call in last position replaces its caller (nothing is left to do there).
-    if (p.index == static_cast<int32_t>(sequence.size())) s.pop_back();
+    const int32_t caller = after.index == static_cast<int32_t>(sequence.size())
+                               ? frame.below
+                               : Intern(after, frame.below);
     const int32_t n = static_cast<int32_t>(rules[callee].alternatives.size());
-    for (int32_t a = 0; a + 1 < n; ++a) {
-      Stack next = s;
-      next.push_back({callee, a, 0});
-      work.push_back(std::move(next));
-    }
-    s.push_back({callee, n - 1, 0});  // Every rule has an alternative at least.
-    work.push_back(std::move(s));
+    for (int32_t a = 0; a < n; ++a) work_.push_back(Intern({callee, a, 0}, caller));
   }
 }
 
-std::vector<Matcher::Stack> Matcher::Advance(const std::vector<Stack>& stacks, char32_t c) const {
-  std::vector<Stack> out;
-  for (const Stack& stack : stacks) {
-    if (stack.empty() || !Top(stack).Matches(c)) continue;
-    Stack next = stack;
-    ++next.back().index;
-    Expand(std::move(next), &out);
+void Matcher::Advance(const std::vector<int32_t>& stacks, char32_t c, std::vector<int32_t>* out) {
+  out->clear();
+  for (const int32_t stack : stacks) {
+    if (stack == kEmpty || !Top(stack).Matches(c)) continue;
+    Position next = frames_[stack].position;
+    ++next.index;
+    Expand(Intern(next, frames_[stack].below), out);
   }
-  auto less = [](const Stack& x, const Stack& y) {
-    return std::lexicographical_compare(x.begin(), x.end(), y.begin(), y.end(),
-                                        [](const Position& a, const Position& b) {
-                                          return std::tie(a.rule, a.alternative, a.index) <
-                                                 std::tie(b.rule, b.alternative, b.index);
-                                        });
-  };
-  std::sort(out.begin(), out.end(), less);
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+  std::sort(out->begin(), out->end());
+  out->erase(std::unique(out->begin(), out->end()), out->end());
 }
 
-bool Matcher::AnyAllows(const std::vector<Stack>& stacks, char32_t lo, char32_t hi) const {
+bool Matcher::AnyAllows(const std::vector<int32_t>& stacks, char32_t lo, char32_t hi) const {
   return std::any_of(stacks.begin(), stacks.end(),
-                     [&](const Stack& s) { return !s.empty() && Top(s).MatchesAnyOf(lo, hi); });
+                     [&](int32_t s) { return s != kEmpty && Top(s).MatchesAnyOf(lo, hi); });
 }
 
 bool Matcher::AcceptByte(uint8_t byte) {
-  State next = state_;
+  State next;
+  next.pending_size = state_.pending_size;
+  next.pending_need = state_.pending_need;
+  std::copy(std::begin(state_.pending), std::end(state_.pending), std::begin(next.pending));
   if (next.pending_size == 0 && byte < 0x80) {
-    next.stacks = Advance(next.stacks, byte);
+    Advance(state_.stacks, byte, &next.stacks);
     if (next.stacks.empty()) return false;
   } else {
     if (next.pending_size == 0) {
@@ -161,13 +161,14 @@ bool Matcher::AcceptByte(uint8_t byte) {
     }
     next.pending[next.pending_size++] = byte;
     if (next.pending_size == next.pending_need) {
-      next.stacks = Advance(next.stacks, Decode(next.pending, next.pending_size));
+      Advance(state_.stacks, Decode(next.pending, next.pending_size), &next.stacks);
       if (next.stacks.empty()) return false;
       next.pending_size = 0;
       next.pending_need = 0;
     } else {
       const auto [lo, hi] = CompletionRange(next.pending, next.pending_size, next.pending_need);
-      if (!AnyAllows(next.stacks, lo, hi)) return false;
+      if (!AnyAllows(state_.stacks, lo, hi)) return false;
+      next.stacks = state_.stacks;
     }
   }
   history_.push_back(std::move(state_));
@@ -187,13 +188,26 @@ bool Matcher::Accept(std::string_view bytes) {
 }
 
 bool Matcher::CanEnd() const {
-  return state_.pending_size == 0 && std::any_of(state_.stacks.begin(), state_.stacks.end(),
-                                                 [](const Stack& s) { return s.empty(); });
+  // kEmpty sorts first.
+  return state_.pending_size == 0 && !state_.stacks.empty() && state_.stacks.front() == kEmpty;
 }
 
 bool Matcher::CanContinue() const {
-  return std::any_of(state_.stacks.begin(), state_.stacks.end(),
-                     [](const Stack& s) { return !s.empty(); });
+  return !state_.stacks.empty() && state_.stacks.back() != kEmpty;
+}
+
+std::vector<Matcher::Context> Matcher::NextContexts(int depth) const {
+  std::vector<Context> out;
+  for (const int32_t s : state_.stacks) {
+    Context context;
+    for (int32_t f = s; f != kEmpty && static_cast<int>(context.size()) < depth;
+         f = frames_[f].below) {
+      context.push_back(frames_[f].position);
+    }
+    if (context.empty()) continue;
+    if (std::find(out.begin(), out.end(), context) == out.end()) out.push_back(std::move(context));
+  }
+  return out;
 }
 
 void Matcher::Rollback(size_t n) {

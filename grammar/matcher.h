@@ -8,7 +8,7 @@
 // character is accepted when some code point that starts with the bytes so far is allowed
 // by some stack, so a token may end in the middle of a character. A rule reference in last
 // position replaces its caller's frame (a tail call), so right-recursive repetition keeps
-// the stacks short. Stacks are deduplicated after every character.
+// the stacks short. Stacks are interned frame chains, deduplicated after every character.
 //
 // Not thread-safe; one per sequence. The Grammar is shared and immutable.
 #pragma once
@@ -19,9 +19,12 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "grammar/grammar.h"
 
 namespace conveyor::grammar {
+
+class MaskCache;
 
 class Matcher {
  public:
@@ -47,36 +50,78 @@ class Matcher {
   // Back to the start.
   void Reset();
 
- private:
+  const std::shared_ptr<const Grammar>& grammar() const { return grammar_; }
+
+  // A grammar position: the element `index` of alternative `alternative` of rule `rule`.
   struct Position {
     int32_t rule = 0;
     int32_t alternative = 0;
-    int32_t index = 0;  // The next element of the alternative.
+    int32_t index = 0;
     bool operator==(const Position&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const Position& p) {
+      return H::combine(std::move(h), p.rule, p.alternative, p.index);
+    }
   };
-  using Stack = std::vector<Position>;  // Top at the back.
+
+  // The top frames of a parse stack, top first: where the parse is, and where it returns.
+  using Context = std::vector<Position>;
+
+  // Whether the bytes so far end on a character boundary (no character read in part).
+  bool AtCharacterBoundary() const { return state_.pending_size == 0; }
+  // The top `depth` frames (fewer where a stack is shallower) of every parse stack, each
+  // distinct context once.
+  std::vector<Context> NextContexts(int depth) const;
+
+ private:
+  friend class MaskCache;
+  // A matcher whose one stack is `context` (top first) with nothing below it: it CanEnd()
+  // where a parse has returned from the context's last frame, which is where what lies
+  // below in a real stack takes over.
+  Matcher(std::shared_ptr<const Grammar> grammar, const Context& context);
+
+  // A parse stack is a chain of frames, interned: a frame is a position and the frame
+  // below it, so a stack is one id and equal stacks are equal ids. Copying a state copies
+  // ids only, and advancing one character allocates nothing once its frames exist.
+  static constexpr int32_t kEmpty = -1;  // The empty stack: the sentence may end.
+  struct Frame {
+    Position position;
+    int32_t below = kEmpty;
+  };
+  struct FrameKey {
+    Position position;
+    int32_t below;
+    bool operator==(const FrameKey&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const FrameKey& k) {
+      return H::combine(std::move(h), k.position, k.below);
+    }
+  };
 
   struct State {
-    std::vector<Stack> stacks;  // Tops are character elements; an empty stack may end.
+    std::vector<int32_t> stacks;  // Sorted, unique: tops are character elements, or kEmpty.
     // A character read in part: its bytes so far and how many it has in all.
     uint8_t pending[4] = {0, 0, 0, 0};
     int pending_size = 0;
     int pending_need = 0;
   };
 
-  static void Deduplicate(std::vector<Stack>* stacks);
-  const Element& Top(const Stack& stack) const;
-  // Expands `stack` until its top is a character element, adding each result (and the
-  // empty stack, where the sentence may end) to `out`.
-  void Expand(Stack stack, std::vector<Stack>* out) const;
-  // The stacks after the code point `c`; empty if none allows it.
-  std::vector<Stack> Advance(const std::vector<Stack>& stacks, char32_t c) const;
+  int32_t Intern(Position position, int32_t below);
+  const Element& Top(int32_t stack) const;
+  // Expands `stack` until its top is a character element, adding each result (and
+  // kEmpty, where the sentence may end) to `out`.
+  void Expand(int32_t stack, std::vector<int32_t>* out);
+  // The stacks after the code point `c`, sorted and unique; empty if none allows it.
+  void Advance(const std::vector<int32_t>& stacks, char32_t c, std::vector<int32_t>* out);
   // Whether a stack allows some code point in [lo, hi].
-  bool AnyAllows(const std::vector<Stack>& stacks, char32_t lo, char32_t hi) const;
+  bool AnyAllows(const std::vector<int32_t>& stacks, char32_t lo, char32_t hi) const;
 
   std::shared_ptr<const Grammar> grammar_;
+  std::vector<Frame> frames_;
+  absl::flat_hash_map<FrameKey, int32_t> frame_ids_;
   State state_;
   std::vector<State> history_;  // The state before each accepted byte.
+  std::vector<int32_t> work_;   // Expand's scratch.
 };
 
 }  // namespace conveyor::grammar

@@ -27,7 +27,7 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, std::vector<bool> s
   }
 }
 
-Bitmask TokenMasker::Compute(Matcher& matcher) const {
+Bitmask TokenMasker::Walk(Matcher& matcher) const {
   const Vocabulary& v = *vocabulary_;
   Bitmask mask((static_cast<size_t>(v.size()) + 31) / 32, 0);
   auto allow = [&](int32_t id) { mask[static_cast<size_t>(id) / 32] |= 1u << (id % 32); };
@@ -70,6 +70,104 @@ Bitmask TokenMasker::Compute(Matcher& matcher) const {
     i = j;
   }
   matcher.Rollback(matcher.num_accepted() - start);
+  return mask;
+}
+
+MaskCache::MaskCache(std::shared_ptr<const Grammar> grammar, const Vocabulary* vocabulary,
+                     size_t max_contexts)
+    : grammar_(std::move(grammar)), vocabulary_(vocabulary), max_contexts_(max_contexts) {}
+
+MaskCache::~MaskCache() = default;
+
+size_t MaskCache::num_contexts() const {
+  std::lock_guard lock(mutex_);
+  return entries_.size();
+}
+
+std::shared_ptr<const MaskCache::Entry> MaskCache::Get(const Matcher::Context& context) {
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = entries_.find(context); it != entries_.end()) return it->second;
+  }
+  // Computed outside the lock: two sequences may both compute a new context once.
+  auto entry = std::make_shared<const Entry>(Compute(context));
+  std::lock_guard lock(mutex_);
+  if (entries_.size() < max_contexts_) entries_.try_emplace(context, entry);
+  return entry;
+}
+
+MaskCache::Entry MaskCache::Compute(const Matcher::Context& context) const {
+  const Vocabulary& v = *vocabulary_;
+  Entry entry;
+  entry.accepted.assign((static_cast<size_t>(v.size()) + 31) / 32, 0);
+  // A matcher with nothing below `context`: where it CanEnd, the context is done and the
+  // bytes after belong to whatever the real stack holds below.
+  Matcher matcher(grammar_, context);
+  // past_end[d]: some parse of the first d bytes of the current path left the context.
+  std::vector<bool> past_end(1, matcher.CanEnd());
+  size_t depth = 0;
+  const std::string* path = nullptr;
+  for (size_t i = 0; i < v.sorted_.size();) {
+    const int32_t id = v.sorted_[i];
+    const std::string& bytes = v.bytes_[id];
+    size_t common = 0;
+    if (path != nullptr) {
+      const size_t limit = std::min({depth, bytes.size(), path->size()});
+      while (common < limit && (*path)[common] == bytes[common]) ++common;
+    }
+    matcher.Rollback(depth - common);
+    depth = common;
+    past_end.resize(depth + 1);
+    path = &bytes;
+    bool ok = true;
+    while (depth < bytes.size()) {
+      if (!matcher.AcceptByte(static_cast<uint8_t>(bytes[depth]))) {
+        ok = false;
+        break;
+      }
+      ++depth;
+      past_end.push_back(past_end.back() || matcher.CanEnd());
+    }
+    if (ok) {
+      entry.accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+      ++i;
+      continue;
+    }
+    // Refused at byte `depth` within the context, as is every following token sharing
+    // bytes[0..depth]; those the context may have handed over before then are uncertain.
+    const bool uncertain = past_end[depth];
+    size_t j = i;
+    do {
+      if (uncertain) entry.uncertain.push_back(v.sorted_[j]);
+      ++j;
+    } while (j < v.sorted_.size() && v.shared_prefix_[j] > static_cast<int32_t>(depth));
+    i = j;
+  }
+  return entry;
+}
+
+Bitmask TokenMasker::Compute(Matcher& matcher) const {
+  if (cache_ == nullptr || !matcher.AtCharacterBoundary()) return Walk(matcher);
+  const Vocabulary& v = *vocabulary_;
+  Bitmask mask((static_cast<size_t>(v.size()) + 31) / 32, 0);
+  std::vector<std::shared_ptr<const MaskCache::Entry>> entries;
+  for (const Matcher::Context& context : matcher.NextContexts(MaskCache::kContextDepth)) {
+    entries.push_back(cache_->Get(context));
+    const Bitmask& accepted = entries.back()->accepted;
+    for (size_t w = 0; w < mask.size(); ++w) mask[w] |= accepted[w];
+  }
+  for (const auto& entry : entries) {
+    for (const int32_t id : entry->uncertain) {
+      if (Allowed(mask, id)) continue;
+      if (matcher.Accept(v.bytes_[id])) {
+        mask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+        matcher.Rollback(v.bytes_[id].size());
+      }
+    }
+  }
+  if (matcher.CanEnd()) {
+    for (int32_t eos : v.eos_ids_) mask[static_cast<size_t>(eos) / 32] |= 1u << (eos % 32);
+  }
   return mask;
 }
 

@@ -10,8 +10,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "grammar/matcher.h"
 
@@ -31,6 +35,7 @@ class Vocabulary {
 
  private:
   friend class TokenMasker;
+  friend class MaskCache;
   std::vector<std::string> bytes_;
   std::vector<int32_t> eos_ids_;
   // Ordinary tokens with bytes, sorted by their bytes; and, for each, the length of the
@@ -46,15 +51,56 @@ inline bool Allowed(const Bitmask& mask, int32_t id) {
   return (mask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u;
 }
 
+// Per grammar and vocabulary: each context's split of the vocabulary. Thread-safe (the
+// sequences of one grammar share one); bounded by `max_contexts` (contexts beyond it are
+// computed each time, not kept).
+class MaskCache {
+ public:
+  static constexpr int kContextDepth = 6;
+
+  MaskCache(std::shared_ptr<const Grammar> grammar, const Vocabulary* vocabulary,
+            size_t max_contexts = 512);
+  ~MaskCache();
+  MaskCache(const MaskCache&) = delete;
+  MaskCache& operator=(const MaskCache&) = delete;
+
+  struct Entry {
+    Bitmask accepted;                // Accepted whatever the context.
+    std::vector<int32_t> uncertain;  // Run past the rule's end: depend on the context.
+  };
+  // The split at `context`, computed on first use.
+  std::shared_ptr<const Entry> Get(const Matcher::Context& context);
+
+  size_t num_contexts() const;
+  const Grammar& grammar() const { return *grammar_; }
+  const std::shared_ptr<const Grammar>& shared_grammar() const { return grammar_; }
+
+ private:
+  Entry Compute(const Matcher::Context& context) const;
+
+  std::shared_ptr<const Grammar> grammar_;
+  const Vocabulary* vocabulary_;
+  size_t max_contexts_;
+  mutable std::mutex mutex_;
+  absl::flat_hash_map<Matcher::Context, std::shared_ptr<const Entry>> entries_;
+};
+
 class TokenMasker {
  public:
-  explicit TokenMasker(const Vocabulary* vocabulary) : vocabulary_(vocabulary) {}
+  // `cache`, when given, must be for the matchers' grammar and this vocabulary.
+  explicit TokenMasker(const Vocabulary* vocabulary, MaskCache* cache = nullptr)
+      : vocabulary_(vocabulary), cache_(cache) {}
 
   // The tokens `matcher` allows next. The matcher ends as it began.
   Bitmask Compute(Matcher& matcher) const;
 
  private:
+  friend class MaskCache;
+  // Compute without the cache: the trie walk.
+  Bitmask Walk(Matcher& matcher) const;
+
   const Vocabulary* vocabulary_;
+  MaskCache* cache_;
 };
 
 }  // namespace conveyor::grammar

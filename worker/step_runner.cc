@@ -21,8 +21,8 @@ absl::Status Invalid(uint64_t seq_id, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("sequence ", seq_id, ": ", what));
 }
 
-// Compiled grammars a runner keeps (a schema's grammar is a few KiB to a MiB).
-constexpr size_t kMaxCachedGrammars = 256;
+// Compiled grammars a runner keeps, with their masks (MaskCache bounds each: a few MiB).
+constexpr size_t kMaxCachedGrammars = 64;
 
 }  // namespace
 
@@ -117,13 +117,12 @@ absl::Status StepRunner::ValidateWrites(const v1::StepRequest& request,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<grammar::Matcher>> StepRunner::MatcherFor(
-    const v1::NewSequence& seq) {
+absl::Status StepRunner::MatcherFor(const v1::NewSequence& seq, Scheduled* scheduled) {
   if (vocabulary_ == nullptr) {
     return absl::FailedPreconditionError(
         "has a grammar, but the worker was initialised without token_bytes");
   }
-  std::shared_ptr<const grammar::Grammar>& cached = grammars_[seq.grammar()];
+  std::shared_ptr<grammar::MaskCache>& cached = grammars_[seq.grammar()];
   if (cached == nullptr) {
     absl::StatusOr<grammar::Grammar> parsed = grammar::Grammar::Parse(seq.grammar());
     if (!parsed.ok()) {
@@ -132,27 +131,30 @@ absl::StatusOr<std::unique_ptr<grammar::Matcher>> StepRunner::MatcherFor(
     }
     if (grammars_.size() > kMaxCachedGrammars) {
       grammars_.clear();
-      return MatcherFor(seq);  // Once: the grammar now goes into an empty cache.
+      return MatcherFor(seq, scheduled);  // Once: the grammar now goes into an empty cache.
     }
-    cached = std::make_shared<const grammar::Grammar>(*std::move(parsed));
+    cached = std::make_shared<grammar::MaskCache>(
+        std::make_shared<const grammar::Grammar>(*std::move(parsed)), vocabulary_.get());
   }
-  auto matcher = std::make_unique<grammar::Matcher>(cached);
+  auto matcher = std::make_unique<grammar::Matcher>(cached->shared_grammar());
   // Rebuilt from the output so far (after a preemption or on a new worker): the tokens were
   // sampled under this grammar, so the state is the one they left.
   const int first_output = seq.token_ids_size() - seq.num_output_tokens();
   for (int i = first_output; i < seq.token_ids_size(); ++i) {
     const int32_t token = seq.token_ids(i);
     if (token >= vocabulary_->size() || !matcher->Accept(vocabulary_->bytes(token))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "generated token ", i - first_output, " (id ", token, ") is not allowed by its grammar"));
+      return absl::InvalidArgumentError(absl::StrCat("generated token ", i - first_output, " (id ",
+                                                     token, ") is not allowed by its grammar"));
     }
     matcher->Commit();
   }
-  return matcher;
+  scheduled->matcher = std::move(matcher);
+  scheduled->masks = cached;
+  return absl::OkStatus();
 }
 
 void StepRunner::ComputeMask(Sequence& seq) {
-  mask_ = grammar::TokenMasker(vocabulary_.get()).Compute(*seq.matcher);
+  mask_ = grammar::TokenMasker(vocabulary_.get(), seq.masks.get()).Compute(*seq.matcher);
   if (std::all_of(mask_.begin(), mask_.end(), [](uint32_t word) { return word == 0; })) {
     // No token's bytes continue the text (a vocabulary without the character the grammar
     // needs next): end the output rather than break the grammar.
@@ -212,7 +214,7 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
     RETURN_IF_ERROR(
         check_capacity(id, s.num_computed, r.num_tokens(), static_cast<int64_t>(s.tokens.size()),
                        static_cast<int64_t>(s.block_table.size()) + r.new_block_ids_size()));
-    scheduled->push_back({id, nullptr, &r, r.num_tokens(), nullptr});
+    scheduled->push_back({id, nullptr, &r, r.num_tokens(), nullptr, nullptr});
   }
   for (const v1::NewSequence& n : request.new_sequences()) {
     const uint64_t id = n.seq_id();
@@ -246,16 +248,13 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
     RETURN_IF_ERROR(ValidateBlocks(n.block_ids(), "block_ids", id));
     RETURN_IF_ERROR(check_capacity(id, n.num_cached_tokens(), n.num_tokens(), n.token_ids_size(),
                                    n.block_ids_size()));
-    std::unique_ptr<grammar::Matcher> matcher;
+    Scheduled s{id, &n, nullptr, n.num_tokens(), nullptr, nullptr};
     if (!n.grammar().empty()) {
-      absl::StatusOr<std::unique_ptr<grammar::Matcher>> made = MatcherFor(n);
-      if (!made.ok()) {
-        return absl::Status(made.status().code(),
-                            absl::StrCat("sequence ", id, ": ", made.status().message()));
+      if (absl::Status made = MatcherFor(n, &s); !made.ok()) {
+        return absl::Status(made.code(), absl::StrCat("sequence ", id, ": ", made.message()));
       }
-      matcher = *std::move(made);
     }
-    scheduled->push_back({id, &n, nullptr, n.num_tokens(), std::move(matcher)});
+    scheduled->push_back(std::move(s));
   }
   if (total_tokens > options_.max_step_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("step schedules ", total_tokens,
@@ -353,6 +352,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
       seq.block_table.assign(s.new_seq->block_ids().begin(), s.new_seq->block_ids().end());
       seq.sampling = FromWire(s.new_seq->sampling());
       seq.matcher = std::move(s.matcher);
+      seq.masks = std::move(s.masks);
       AddSequence(s.seq_id, std::move(seq));
     } else {
       const auto& added = s.running->new_block_ids();
@@ -364,9 +364,9 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
   const int vocab = model_->config().vocab_size;
   const int rows = static_cast<int>(sampling_seqs_.size());
   // Grammar masks are applied on the host: a step with a constrained row samples there.
-  const bool constrained = std::any_of(sampling_seqs_.begin(), sampling_seqs_.end(), [&](uint64_t id) {
-    return sequences_.at(id).matcher != nullptr;
-  });
+  const bool constrained =
+      std::any_of(sampling_seqs_.begin(), sampling_seqs_.end(),
+                  [&](uint64_t id) { return sequences_.at(id).matcher != nullptr; });
   const bool on_device =
       device_sampler_ != nullptr && rows <= device_sampler_->max_rows() && !constrained;
   const auto forward_start = std::chrono::steady_clock::now();

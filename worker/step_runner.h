@@ -97,8 +97,10 @@ class StepRunner {
     int num_computed = 0;  // Tokens whose K/V are in the cache.
     std::vector<int32_t> block_table;
     model::SamplingParams sampling;
-    // Structured output: where the output stands in its grammar. Null: unconstrained.
+    // Structured output: where the output stands in its grammar, and the grammar's
+    // contexts computed so far (shared by its sequences). Null: unconstrained.
     std::unique_ptr<grammar::Matcher> matcher;
+    std::shared_ptr<grammar::MaskCache> masks;
   };
   // One sequence scheduled in the step being validated.
   struct Scheduled {
@@ -106,13 +108,15 @@ class StepRunner {
     const v1::NewSequence* new_seq = nullptr;  // Null for running sequences.
     const v1::RunningSequence* running = nullptr;
     int num_tokens = 0;
-    // A new constrained sequence's matcher, its output so far accepted.
+    // A new constrained sequence's matcher, its output so far accepted, and its masks.
     std::unique_ptr<grammar::Matcher> matcher;
+    std::shared_ptr<grammar::MaskCache> masks;
   };
 
   absl::Status Validate(const v1::StepRequest& request, std::vector<Scheduled>* scheduled);
-  // The matcher of a new sequence's grammar with its generated tokens accepted.
-  absl::StatusOr<std::unique_ptr<grammar::Matcher>> MatcherFor(const v1::NewSequence& seq);
+  // The matcher of a new sequence's grammar with its generated tokens accepted (into
+  // `scheduled`).
+  absl::Status MatcherFor(const v1::NewSequence& seq, Scheduled* scheduled);
   // The tokens `seq`'s grammar allows next, into mask_ (never none: where no token fits,
   // EOS ends the output).
   void ComputeMask(Sequence& seq);
@@ -147,9 +151,9 @@ class StepRunner {
   bool device_failed_ = false;
   LogitsTap* logits_tap_ = nullptr;
   std::unique_ptr<grammar::Vocabulary> vocabulary_;  // Null: no constrained sequences.
-  // Compiled grammars by their text: requests with one schema share one. Bounded by
-  // kMaxCachedGrammars; emptied when full.
-  absl::flat_hash_map<std::string, std::shared_ptr<const grammar::Grammar>> grammars_;
+  // Compiled grammars and their masks by the grammar's text: requests with one schema
+  // share them. Bounded by kMaxCachedGrammars; emptied when full (sequences keep theirs).
+  absl::flat_hash_map<std::string, std::shared_ptr<grammar::MaskCache>> grammars_;
 
   // Per-step scratch.
   model::ForwardBatch batch_;
