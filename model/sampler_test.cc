@@ -689,14 +689,15 @@ TEST(SamplerTest, AllowedTokensActAsMinusInfinity) {
         removed[id] = -std::numeric_limits<float>::infinity();
       }
     }
-    SamplingParams params = Params(trial % 4 == 0 ? 0.0f : 0.7f, trial % 3 == 0 ? 5 : 0,
-                                   trial % 2 == 0 ? 0.9f : 1.0f);
+    SamplingParams params =
+        Params(trial % 4 == 0 ? 0.0f : 0.7f, trial % 3 == 0 ? 5 : 0, trial % 2 == 0 ? 0.9f : 1.0f);
     params.repetition_penalty = trial % 7 == 0 ? 1.3f : 1.0f;
     params.seed = trial;
     params.num_logprobs = 2;
     std::vector<float> a = logits;
     std::vector<float> b = removed;
-    const SampleResult masked = sampler.Sample(a, params, history, history, trial, true, mask.data());
+    const SampleResult masked =
+        sampler.Sample(a, params, history, history, trial, true, mask.data());
     const SampleResult reference = sampler.Sample(b, params, history, history, trial, true);
     EXPECT_EQ(masked.token_id, reference.token_id) << trial;
     EXPECT_TRUE((mask[masked.token_id / 32] >> (masked.token_id % 32)) & 1u) << trial;

@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<conveyor::scheduler::HttpServer>> ServeHttp(
   options.model_name = config.model_name;
   options.model_aliases = {config.model_dir};
   options.chat_template = chat_template;
+  options.tool_call_format = config.tool_call_format;
   auto http = std::make_unique<conveyor::scheduler::HttpServer>(options, tokenizer, metrics);
   http->SetAuthenticator(authenticator);
   const conveyor::TlsFiles& tls = config.client_tls;

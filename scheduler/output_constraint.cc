@@ -61,8 +61,7 @@ absl::StatusOr<std::shared_ptr<const std::string>> Compile(const v1::OutputConst
 absl::StatusOr<std::shared_ptr<const std::string>> CompileConstraint(
     const v1::OutputConstraint& constraint) {
   static std::mutex mutex;
-  static auto* cache =
-      new absl::flat_hash_map<std::string, std::shared_ptr<const std::string>>();
+  static auto* cache = new absl::flat_hash_map<std::string, std::shared_ptr<const std::string>>();
   const std::string key = constraint.SerializeAsString();
   {
     std::lock_guard lock(mutex);

@@ -42,6 +42,9 @@ struct ServerConfig {
   // The OpenAI-compatible HTTP API: off while http.port is 0. Its host is resolved (the
   // client API's unless set) and its body limit is max_receive_bytes.
   HttpTransport::Options http;
+  // The syntax the model writes tool calls in ("llama3_json", "hermes", "mistral"), or
+  // "auto": recognised from the chat template (docs/structured-output.md).
+  std::string tool_call_format = "auto";
 
   // Batching and the KV cache.
   PolicyOptions policy;  // Its max_context_tokens comes with the model (ReplicaSettings).

@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or of
 ABSL_FLAG(int, http_port, 0,
           "Port for the OpenAI-compatible HTTP API (docs/http-api.md); 0 disables it.");
 ABSL_FLAG(std::string, http_host, "", "Address for the HTTP API; empty means --host.");
+ABSL_FLAG(std::string, tool_call_format, "auto",
+          "The syntax the model writes tool calls in: llama3_json, hermes, mistral, or auto "
+          "(recognised from the chat template). Requests with tools need one.");
 ABSL_FLAG(int, http_io_threads, 2,
           "Threads that serve every HTTP connection's I/O (connections cost memory, not "
           "threads).");
@@ -141,6 +144,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   HttpTransport::Options& http = c.http;
   http.host = absl::GetFlag(FLAGS_http_host).empty() ? c.host : absl::GetFlag(FLAGS_http_host);
   http.port = absl::GetFlag(FLAGS_http_port);
+  c.tool_call_format = absl::GetFlag(FLAGS_tool_call_format);
   http.io_threads = absl::GetFlag(FLAGS_http_io_threads);
   http.offload_threads = absl::GetFlag(FLAGS_http_offload_threads);
   http.max_connections = absl::GetFlag(FLAGS_http_max_connections);

@@ -1,7 +1,7 @@
 #include "text/token_bytes.h"
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <string_view>
 
 #include "absl/strings/match.h"

@@ -213,6 +213,29 @@ absl::Status HttpServer::Start() {
   chat_.chat_template = options_.chat_template;
   std::tie(chat_.bos_token, chat_.eos_token) =
       TemplateSpecialTokens(options_.model_dir, *tokenizer_);
+  if (options_.tool_call_format != "auto") {
+    absl::StatusOr<openai::ToolCallFormat> format =
+        openai::ToolCallFormatFromName(options_.tool_call_format);
+    if (!format.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tool_call_format: ", format.status().message()));
+    }
+    chat_.tool_call_format = *format;
+  }
+  if (chat_.chat_template != nullptr) {
+    chat_.renders_tools =
+        openai::TemplateRendersTools(*chat_.chat_template, chat_.bos_token, chat_.eos_token);
+    if (chat_.renders_tools && !chat_.tool_call_format.has_value()) {
+      absl::StatusOr<openai::ToolCallFormat> guessed =
+          openai::GuessToolCallFormat(chat_.chat_template->source());
+      if (guessed.ok()) chat_.tool_call_format = *guessed;
+    }
+    spdlog::info("chat template: tools {}, tool calls parsed as {}",
+                 chat_.renders_tools ? "rendered" : "not rendered (requests with tools are 400)",
+                 chat_.tool_call_format.has_value()
+                     ? std::string(openai::ToolCallFormatName(*chat_.tool_call_format))
+                     : std::string("unknown (set --tool_call_format)"));
+  }
   HttpTransport::Options transport = options_.transport;
   if (!tls_cert_file_.empty()) {
     ASSIGN_OR_RETURN(tls_identity_,

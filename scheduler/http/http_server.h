@@ -55,6 +55,8 @@ class HttpServer final : private HttpHandler {
     // The model's chat template (jinja::LoadChatTemplate); null when it has none, which
     // makes chat requests 400. Must outlive the server.
     const jinja::ChatTemplate* chat_template = nullptr;
+    // --tool_call_format: a format's name, or "auto" (recognised from the template).
+    std::string tool_call_format = "auto";
   };
 
   // `tokenizer` and `metrics` (nullable) must outlive the server.

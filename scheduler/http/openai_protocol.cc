@@ -144,6 +144,23 @@ absl::StatusOr<Json> ParseMessage(const Json& message, size_t index) {
                                                  TextExcerpt(*role), "'"));
   }
   Json out = message;
+  if (const Json* calls = Field(message, "tool_calls"); calls != nullptr) {
+    if (*role != "assistant" || !calls->is_array()) {
+      return WrongType(where + ".tool_calls", "a list of calls, on an assistant message");
+    }
+    // Templates write arguments with `tojson` (transformers passes them as dicts): a
+    // JSON-text argument string, as clients send it back, becomes its object.
+    for (Json& call : out["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+        return WrongType(where + ".tool_calls", "calls {id, type, function: {name, arguments}}");
+      }
+      Json& arguments = call["function"]["arguments"];
+      if (!arguments.is_string()) continue;
+      absl::StatusOr<Json> parsed =
+          ParseBoundedJson(arguments.get_ref<const std::string&>(), JsonLimits(), "arguments");
+      if (parsed.ok() && parsed->is_object()) arguments = *std::move(parsed);
+    }
+  }
   const Json* content = Field(message, "content");
   if (content == nullptr) {
     // An assistant turn that only calls tools has no content.
@@ -174,6 +191,77 @@ absl::StatusOr<Json> ParseMessage(const Json& message, size_t index) {
   return out;
 }
 
+// A tool of `tools`: {"type": "function", "function": {"name", "description"?,
+// "parameters"?}}. Its parameters are compiled (and refused, naming the tool) once the
+// output is constrained to calls.
+absl::Status CheckTool(const Json& tool, size_t index) {
+  const std::string where = absl::StrCat("tools[", index, "]");
+  if (!tool.is_object()) return WrongType(where, "an object {type: \"function\", function}");
+  ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(tool, "type"));
+  if (type != "function") {
+    return Unsupported(where + ".type", absl::StrCat(where, ".type must be \"function\""));
+  }
+  const Json* function = Field(tool, "function");
+  if (function == nullptr || !function->is_object()) {
+    return WrongType(where + ".function", "an object with a name");
+  }
+  ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(*function, "name"));
+  if (!name.has_value() || name->empty()) {
+    return Invalid(where + ".function.name", where + ".function.name is required");
+  }
+  if (const Json* parameters = Field(*function, "parameters");
+      parameters != nullptr && !parameters->is_object()) {
+    return WrongType(where + ".function.parameters", "a JSON Schema object");
+  }
+  return absl::OkStatus();
+}
+
+// tools, tool_choice ("none", "auto", "required" or {"type": "function", "function":
+// {"name"}}) and parallel_tool_calls.
+absl::Status ParseTools(const Json& body, ParsedRequest* r) {
+  const Json* tools = Field(body, "tools");
+  if (tools != nullptr) {
+    if (!tools->is_array()) return WrongType("tools", "a list of tools");
+    for (size_t i = 0; i < tools->size(); ++i) RETURN_IF_ERROR(CheckTool((*tools)[i], i));
+  }
+  const bool have_tools = tools != nullptr && !tools->empty();
+  r->tool_choice = have_tools ? ToolChoice::kAuto : ToolChoice::kNone;
+  if (const Json* choice = Field(body, "tool_choice"); choice != nullptr) {
+    if (*choice == "none") {
+      r->tool_choice = ToolChoice::kNone;
+    } else if (*choice == "auto") {
+      // As given: auto without tools is no tools.
+    } else if (*choice == "required") {
+      r->tool_choice = ToolChoice::kRequired;
+    } else if (choice->is_object() && choice->value("type", Json()) == "function" &&
+               choice->contains("function") && (*choice)["function"].is_object() &&
+               (*choice)["function"].value("name", Json()).is_string()) {
+      r->tool_choice = ToolChoice::kFunction;
+      r->tool_function = (*choice)["function"]["name"].get<std::string>();
+      const bool known =
+          have_tools && std::any_of(tools->begin(), tools->end(), [&](const Json& t) {
+            return t["function"]["name"] == r->tool_function;
+          });
+      if (!known) {
+        return Invalid("tool_choice", absl::StrCat("tool_choice names the function '",
+                                                   TextExcerpt(r->tool_function),
+                                                   "', which is not among the request's tools"));
+      }
+    } else {
+      return Invalid("tool_choice",
+                     "tool_choice must be \"none\", \"auto\", \"required\" or "
+                     "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (r->tool_choice == ToolChoice::kRequired && !have_tools) {
+      return Invalid("tool_choice", "tool_choice is \"required\" but the request has no tools");
+    }
+  }
+  ASSIGN_OR_RETURN(std::optional<bool> parallel, GetBool(body, "parallel_tool_calls"));
+  r->parallel_tool_calls = parallel.value_or(true);
+  if (r->tool_choice != ToolChoice::kNone) r->tools = *tools;
+  return absl::OkStatus();
+}
+
 absl::Status ParseChat(const Json& body, const ParseOptions& options, ParsedRequest* r) {
   const Json* messages = Field(body, "messages");
   if (messages == nullptr) return Invalid("messages", "messages is required");
@@ -186,21 +274,8 @@ absl::Status ParseChat(const Json& body, const ParseOptions& options, ParsedRequ
     r->messages.push_back(std::move(message));
   }
 
-  const Json* tool_choice = Field(body, "tool_choice");
-  bool tools_off = false;
-  if (tool_choice != nullptr) {
-    // The output is never parsed into tool calls, so nothing can force one.
-    if (!tool_choice->is_string() || (*tool_choice != "auto" && *tool_choice != "none")) {
-      return Unsupported("tool_choice",
-                         "tool_choice must be \"auto\" or \"none\": tool calls are not parsed "
-                         "from the output, so none can be required");
-    }
-    tools_off = *tool_choice == "none";
-  }
-  if (const Json* tools = Field(body, "tools"); tools != nullptr) {
-    if (!tools->is_array()) return WrongType("tools", "a list of tools");
-    if (!tools_off && !tools->empty()) r->tools = *tools;
-  }
+  RETURN_IF_ERROR(ParseTools(body, r));
+
   ASSIGN_OR_RETURN(std::optional<bool> logprobs, GetBool(body, "logprobs"));
   r->logprobs = logprobs.value_or(false);
   ASSIGN_OR_RETURN(std::optional<int64_t> top,
@@ -286,7 +361,8 @@ absl::Status ParseResponseFormat(const Json& body, v1::GenerateRequest* g) {
     } else if (type != "text") {
       return Invalid("response_format.type",
                      absl::StrCat("response_format.type must be \"text\", \"json_object\" or "
-                                  "\"json_schema\", got ", JsonExcerpt(format->value("type", Json()))));
+                                  "\"json_schema\", got ",
+                                  JsonExcerpt(format->value("type", Json()))));
     }
     if (type != "text" && regex != nullptr) {
       return Invalid("regex", "give either regex or a response_format other than text, not both");
@@ -385,6 +461,14 @@ std::string_view FinishReasonName(v1::FinishReason reason) {
 Json FinishReasonJson(v1::FinishReason reason) {
   const std::string_view name = FinishReasonName(reason);
   return name.empty() ? Json() : Json(name);
+}
+
+// A chat answer that called tools ends with "tool_calls" where the model ended it.
+Json ChatFinishReasonJson(v1::FinishReason reason, bool called_tools) {
+  if (called_tools && (reason == v1::FINISH_REASON_EOS || reason == v1::FINISH_REASON_STOP)) {
+    return "tool_calls";
+  }
+  return FinishReasonJson(reason);
 }
 
 Json UsageJson(const v1::Usage& usage) {
@@ -605,6 +689,31 @@ ResponseFormatter::ResponseFormatter(const ParsedRequest& request, std::string_v
   chunk_head_.pop_back();  // The closing brace.
   chunk_head_ += ",\"choices\":[";
   logprobs_json_ = EmptyLogprobs();
+  if (request.tool_call_format.has_value()) {
+    tool_parser_ = MakeToolCallParser(*request.tool_call_format, RandomToolCallIdSource());
+  }
+}
+
+Json ResponseFormatter::ToolCallDeltas(const std::vector<ToolCallDelta>& calls) {
+  Json out = Json::array();
+  for (const ToolCallDelta& call : calls) {
+    Json delta = {{"index", call.index}};
+    Json function = Json::object();
+    if (!call.id.empty()) {
+      delta["id"] = call.id;
+      delta["type"] = "function";
+      function["name"] = call.name;
+    }
+    function["arguments"] = call.arguments;
+    delta["function"] = std::move(function);
+    out.push_back(std::move(delta));
+  }
+  return out;
+}
+
+void ResponseFormatter::FinishToolCalls() {
+  parsed_calls_ = ParseToolCalls(*tool_parser_, text_);
+  tool_calls_made_ = static_cast<int>(parsed_calls_.tool_calls.size());
 }
 
 Json ResponseFormatter::EmptyLogprobs() const {
@@ -679,15 +788,32 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
                              logprobs, R"(,"finish_reason":)", finish, "}")));
     }
   } else {
-    if (!message.text().empty() || has_logprobs) {
-      sse->append(
-          Chunk(absl::StrCat(R"({"index":0,"delta":{"content":)", Dump(Json(message.text())),
-                             R"(},"logprobs":)", logprobs, R"(,"finish_reason":null})")));
+    // With tools on, the text goes through the call parser: content and calls come out
+    // as they are decided.
+    std::string content = message.text();
+    Json calls;
+    if (tool_parser_ != nullptr) {
+      ToolCallStreamDelta delta = tool_parser_->Feed(message.text());
+      if (final) {
+        ToolCallStreamDelta rest = tool_parser_->Finish();
+        delta.content += rest.content;
+        for (ToolCallDelta& call : rest.tool_calls) delta.tool_calls.push_back(std::move(call));
+      }
+      content = std::move(delta.content);
+      tool_calls_made_ = tool_parser_->num_calls();
+      if (!delta.tool_calls.empty()) calls = ToolCallDeltas(delta.tool_calls);
+    }
+    if (!content.empty() || has_logprobs || !calls.is_null()) {
+      std::string fields = absl::StrCat(R"("content":)", Dump(Json(content)));
+      if (!calls.is_null()) absl::StrAppend(&fields, R"(,"tool_calls":)", Dump(calls));
+      sse->append(Chunk(absl::StrCat(R"({"index":0,"delta":{)", fields, R"(},"logprobs":)",
+                                     logprobs, R"(,"finish_reason":null})")));
     }
     // OpenAI ends a chat stream's choice with an empty delta carrying the reason.
     if (final) {
-      sse->append(Chunk(
-          absl::StrCat(R"({"index":0,"delta":{},"logprobs":null,"finish_reason":)", finish, "}")));
+      sse->append(Chunk(absl::StrCat(
+          R"({"index":0,"delta":{},"logprobs":null,"finish_reason":)",
+          Dump(ChatFinishReasonJson(message.finish_reason(), tool_calls_made_ > 0)), "}")));
     }
   }
   if (!final) return;
@@ -704,19 +830,38 @@ void ResponseFormatter::Add(const v1::GenerateResponse& message) {
   if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
     finish_reason_ = message.finish_reason();
     usage_ = message.usage();
+    if (tool_parser_ != nullptr) FinishToolCalls();
   }
 }
 
 std::string ResponseFormatter::Body() const {
   Json choice = Json::object();
   choice["index"] = 0;
-  if (endpoint_ == Endpoint::kChatCompletions) {
+  if (endpoint_ == Endpoint::kChatCompletions && tool_parser_ != nullptr) {
+    const std::vector<ParsedToolCall>& calls = parsed_calls_.tool_calls;
+    Json message = {{"role", "assistant"}};
+    // OpenAI's shape: no text beside the calls is a null content.
+    message["content"] =
+        calls.empty() || !parsed_calls_.content.empty() ? Json(parsed_calls_.content) : Json();
+    if (!calls.empty()) {
+      Json out = Json::array();
+      for (const ParsedToolCall& call : calls) {
+        out.push_back({{"id", call.id},
+                       {"type", "function"},
+                       {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      message["tool_calls"] = std::move(out);
+    }
+    choice["message"] = std::move(message);
+  } else if (endpoint_ == Endpoint::kChatCompletions) {
     choice["message"] = {{"role", "assistant"}, {"content", text_}};
   } else {
     choice["text"] = text_;
   }
   choice["logprobs"] = logprobs_ ? logprobs_json_ : Json();
-  choice["finish_reason"] = FinishReasonJson(finish_reason_);
+  choice["finish_reason"] = endpoint_ == Endpoint::kChatCompletions
+                                ? ChatFinishReasonJson(finish_reason_, tool_calls_made_ > 0)
+                                : FinishReasonJson(finish_reason_);
   Json body = head_;
   body["choices"] = Json::array({std::move(choice)});
   body["usage"] = UsageJson(usage_);

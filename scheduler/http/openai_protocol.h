@@ -16,6 +16,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "conveyor.pb.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/http/tool_calls.h"
 #include "text/bounded_json.h"
 
 namespace conveyor::scheduler::openai {
@@ -32,6 +35,14 @@ namespace conveyor::scheduler::openai {
 using Json = nlohmann::ordered_json;
 
 enum class Endpoint { kCompletions, kChatCompletions };
+
+// What a chat request's tool_choice asks of the model.
+enum class ToolChoice {
+  kNone,      // No tools (none given, or "none": the template does not see them).
+  kAuto,      // The model may call them; its output is parsed for calls.
+  kRequired,  // It must call one or more: the output is constrained to calls.
+  kFunction,  // It must call the named one (ParsedRequest::tool_function).
+};
 
 // What a request is checked against.
 struct ParseOptions {
@@ -61,10 +72,16 @@ struct ParsedRequest {
   // because the engine reports the chosen token's only together with alternatives.
   bool logprobs = false;
   int top_logprobs = 0;
-  // Chat only: the messages (content parts joined into one string) and the tools (null
-  // when absent or tool_choice is "none"), in the client's key order.
+  // Chat only: the messages (content parts joined into one string; tool calls'
+  // arguments as objects, as templates expect) and the tools (null when absent or
+  // tool_choice is "none"), in the client's key order.
   Json messages;
   Json tools;
+  ToolChoice tool_choice = ToolChoice::kNone;
+  std::string tool_function;  // kFunction: the function's name.
+  bool parallel_tool_calls = true;
+  // Set by BuildOpenAiRequest when tools are on: the syntax the output is parsed with.
+  std::optional<ToolCallFormat> tool_call_format;
 };
 
 // Parses and checks a request body. INVALID_ARGUMENT names the field (also as the param
@@ -151,8 +168,17 @@ class ResponseFormatter {
   const Json head_;         // id, object, created, model.
   std::string chunk_head_;  // A chunk's JSON up to its choices: {"id":...,"choices":[
   int text_offset_ = 0;     // Completions' text_offset of the next token.
+  // Finishes the tool-call parse of a whole response (non-streaming).
+  void FinishToolCalls();
+  // A streamed chunk's tool_calls array for `calls`.
+  static Json ToolCallDeltas(const std::vector<ToolCallDelta>& calls);
+
+  // Non-null when the output is parsed for tool calls.
+  std::unique_ptr<ToolCallParser> tool_parser_;
+  int tool_calls_made_ = 0;
   // Non-streaming state.
   std::string text_;
+  ParsedToolCalls parsed_calls_;
   Json logprobs_json_;
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage_;

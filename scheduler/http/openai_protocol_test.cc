@@ -218,7 +218,8 @@ TEST(ParseRequestTest, ChatMessagesKeepTheirKeysAndJoinTextParts) {
       {"role": "system", "content": "Be brief."},
       {"role": "user", "name": "ann", "content": [{"type": "text", "text": "a"},
                                                    {"type": "text", "text": "b"}]},
-      {"role": "assistant", "content": null, "tool_calls": [{"id": "1"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function",
+          "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
       {"role": "tool", "tool_call_id": "1", "content": "42"}],
       "tools": [{"type": "function", "function": {"name": "f"}}],
       "max_completion_tokens": 9, "max_tokens": 3, "logprobs": true, "top_logprobs": 3})");
@@ -228,6 +229,9 @@ TEST(ParseRequestTest, ChatMessagesKeepTheirKeysAndJoinTextParts) {
   EXPECT_EQ(r->messages[1].begin().key(), "role");  // The client's key order.
   EXPECT_EQ(r->messages[1]["name"], "ann");
   EXPECT_TRUE(r->messages[2]["content"].is_null());
+  // Arguments sent back as JSON text reach the template as the object (as transformers').
+  EXPECT_EQ(r->messages[2]["tool_calls"][0]["function"]["arguments"], Json({{"x", 1}}));
+  EXPECT_EQ(r->tool_choice, ToolChoice::kAuto);
   EXPECT_EQ(r->messages[3]["tool_call_id"], "1");
   EXPECT_EQ(r->tools.size(), 1u);
   EXPECT_EQ(r->generate.max_new_tokens(), 9);  // max_completion_tokens wins.
@@ -244,7 +248,7 @@ TEST(ParseRequestTest, ChatMessagesKeepTheirKeysAndJoinTextParts) {
 
 TEST(ParseRequestTest, ChatWithoutLimitsLeavesThemToTheServer) {
   auto r = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none",
-                    "tools": [{"type": "function"}]})");
+                    "tools": [{"type": "function", "function": {"name": "f"}}]})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->generate.has_max_new_tokens());
   EXPECT_TRUE(r->tools.is_null());  // tool_choice "none" hides them from the template.
@@ -271,6 +275,18 @@ TEST(ParseRequestTest, BadChatRequestsNameTheField) {
        "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
        "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes",
+           "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "tool_choice": {"type": "function", "function": {"name": "g"}},
+           "tools": [{"type": "function", "function": {"name": "f"}}]})",
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]})",
+       "tools[0].type"},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]})",
+       "tools[0].function.parameters"},
       {R"({"messages": [{"role": "user", "content": "x"}],
            "response_format": {"type": "xml"}})",
        "response_format.type"},
@@ -441,6 +457,25 @@ TEST(ModelsTest, ListsTheServedModel) {
   EXPECT_EQ(list["object"], "list");
   EXPECT_EQ(list["data"][0]["id"], "tiny");
   EXPECT_EQ(list["data"][0]["object"], "model");
+}
+
+TEST(ParseRequestTest, ToolChoiceAndParallelCalls) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}},
+                                         {"type": "function", "function": {"name": "g"}}])";
+  auto required = Chat(R"({"messages": [{"role": "user", "content": "x"}], )" + tools +
+                       R"(, "tool_choice": "required", "parallel_tool_calls": false})");
+  ASSERT_TRUE(required.ok()) << required.status();
+  EXPECT_EQ(required->tool_choice, ToolChoice::kRequired);
+  EXPECT_FALSE(required->parallel_tool_calls);
+  auto named = Chat(R"({"messages": [{"role": "user", "content": "x"}], )" + tools +
+                    R"(, "tool_choice": {"type": "function", "function": {"name": "g"}}})");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->tool_choice, ToolChoice::kFunction);
+  EXPECT_EQ(named->tool_function, "g");
+  EXPECT_TRUE(named->parallel_tool_calls);
+  auto none = Chat(R"({"messages": [{"role": "user", "content": "x"}]})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->tool_choice, ToolChoice::kNone);
 }
 
 TEST(ParseRequestTest, ResponseFormatBecomesTheConstraint) {

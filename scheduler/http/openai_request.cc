@@ -29,14 +29,72 @@ absl::Status RenderChat(const ChatTemplating& chat, ParsedRequest* parsed) {
   return absl::OkStatus();
 }
 
+// With tools on: refuses them where the template would drop them or the output could not
+// be parsed, sets the syntax the output is parsed with, and for "required" or a named
+// function constrains the output to calls.
+absl::Status ApplyTools(const ChatTemplating& chat, ParsedRequest* parsed) {
+  if (parsed->tool_choice == ToolChoice::kNone) return absl::OkStatus();
+  if (!chat.renders_tools) {
+    return WithParam(absl::InvalidArgumentError(
+                         "the model's chat template does not render tools, so the model would "
+                         "never see them; send the request without tools, or serve a template "
+                         "that renders them"),
+                     "tools");
+  }
+  if (!chat.tool_call_format.has_value()) {
+    return WithParam(absl::InvalidArgumentError(
+                         "the server does not know the syntax this model writes tool calls in; "
+                         "start it with --tool_call_format (llama3_json, hermes or mistral)"),
+                     "tools");
+  }
+  parsed->tool_call_format = chat.tool_call_format;
+  if (parsed->tool_choice == ToolChoice::kAuto) return absl::OkStatus();
+  if (parsed->generate.has_constraint()) {
+    return WithParam(absl::InvalidArgumentError(
+                         "tool_choice \"required\" or a named function constrains the output "
+                         "to tool calls; it cannot be combined with response_format or regex"),
+                     "tool_choice");
+  }
+  absl::StatusOr<std::string> grammar =
+      ToolCallGrammar(*chat.tool_call_format, parsed->tools,
+                      parsed->tool_choice == ToolChoice::kFunction ? parsed->tool_function : "",
+                      parsed->parallel_tool_calls);
+  if (!grammar.ok()) return WithParam(grammar.status(), "tools");
+  parsed->generate.mutable_constraint()->set_grammar(*std::move(grammar));
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool TemplateRendersTools(const jinja::ChatTemplate& chat_template, std::string_view bos_token,
+                          std::string_view eos_token) {
+  ParsedRequest probe;
+  probe.endpoint = Endpoint::kChatCompletions;
+  probe.messages = Json::array({{{"role", "user"}, {"content", "What is the weather?"}}});
+  const absl::StatusOr<std::string> without =
+      chat_template.Render(ChatTemplateContext(probe, bos_token, eos_token));
+  probe.tools = Json::array({{{"type", "function"},
+                              {"function",
+                               {{"name", "get_weather"},
+                                {"description", "The weather in a city."},
+                                {"parameters",
+                                 {{"type", "object"},
+                                  {"properties", {{"city", {{"type", "string"}}}}},
+                                  {"required", {"city"}}}}}}}});
+  const absl::StatusOr<std::string> with =
+      chat_template.Render(ChatTemplateContext(probe, bos_token, eos_token));
+  return without.ok() && with.ok() && *with != *without;
+}
 
 absl::StatusOr<std::unique_ptr<Request>> BuildOpenAiRequest(
     Endpoint endpoint, std::string_view body, const ParseOptions& options,
     const ChatTemplating& chat, const ServingLimits& limits, const Tokenizer& tokenizer,
     ParsedRequest* parsed) {
   ASSIGN_OR_RETURN(*parsed, ParseRequest(endpoint, body, options));
-  if (endpoint == Endpoint::kChatCompletions) RETURN_IF_ERROR(RenderChat(chat, parsed));
+  if (endpoint == Endpoint::kChatCompletions) {
+    RETURN_IF_ERROR(ApplyTools(chat, parsed));
+    RETURN_IF_ERROR(RenderChat(chat, parsed));
+  }
   absl::StatusOr<std::unique_ptr<Request>> built =
       BuildRequest(parsed->generate, limits, tokenizer);
   if (!built.ok()) return RenameBuildError(built.status());

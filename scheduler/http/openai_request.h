@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -24,7 +25,18 @@ struct ChatTemplating {
   // The template's bos_token and eos_token variables.
   std::string bos_token;
   std::string eos_token;
+  // Whether the template renders `tools` (a request with tools against one that does not
+  // is refused: they would be silently dropped), and the syntax the model writes calls
+  // in (from --tool_call_format, or recognised in the template; unset: unknown, and
+  // requests with tools are refused saying so).
+  bool renders_tools = false;
+  std::optional<ToolCallFormat> tool_call_format;
 };
+
+// Whether `chat_template` renders `tools`: a conversation rendered with a tool differs
+// from the same without.
+bool TemplateRendersTools(const jinja::ChatTemplate& chat_template, std::string_view bos_token,
+                          std::string_view eos_token);
 
 // Parses `body`, renders it (chat) and builds the request. Errors are the client's
 // answer: INVALID_ARGUMENT naming the field in this API's terms, NOT_FOUND for an

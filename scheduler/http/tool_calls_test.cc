@@ -13,7 +13,7 @@
 #include "grammar/matcher.h"
 #include "grammar/test_util.h"
 #include "gtest/gtest.h"
-#include "text/utf8.h"
+#include "common/utf8.h"
 
 namespace conveyor::scheduler::openai {
 

@@ -55,27 +55,33 @@ double Sample(const std::string& page, const std::string& name,
   return -1;
 }
 
+// A copy of the test model (its files linked) in `dir`, whose tokenizer_config.json carries
+// `chat_template`.
+void MakeModelDir(const TestTempDir& dir, const std::string& chat_template) {
+  const std::filesystem::path source = TestModelDir("llama3_gqa");
+  nlohmann::json config = nlohmann::json::object();
+  for (const auto& entry : std::filesystem::directory_iterator(source)) {
+    if (entry.path().filename() == "tokenizer_config.json") {
+      std::ifstream in(entry.path());
+      config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      continue;
+    }
+    std::filesystem::create_symlink(entry.path(),
+                                    std::filesystem::path(dir.path()) / entry.path().filename());
+  }
+  config["chat_template"] = chat_template;
+  config["bos_token"] = "<s>";
+  config["eos_token"] = "</s>";
+  dir.WriteFile("tokenizer_config.json", config.dump());
+}
+
 class HttpApiTest : public ::testing::Test {
  protected:
   // A copy of the test model (its files linked) whose tokenizer_config.json carries the
   // chat template, served with the HTTP API on.
   static void SetUpTestSuite() {
     model_dir_ = new TestTempDir();
-    const std::filesystem::path source = TestModelDir("llama3_gqa");
-    nlohmann::json config = nlohmann::json::object();
-    for (const auto& entry : std::filesystem::directory_iterator(source)) {
-      if (entry.path().filename() == "tokenizer_config.json") {
-        std::ifstream in(entry.path());
-        config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-        continue;
-      }
-      std::filesystem::create_symlink(
-          entry.path(), std::filesystem::path(model_dir_->path()) / entry.path().filename());
-    }
-    config["chat_template"] = kChatTemplate;
-    config["bos_token"] = "<s>";
-    config["eos_token"] = "</s>";
-    model_dir_->WriteFile("tokenizer_config.json", config.dump());
+    MakeModelDir(*model_dir_, kChatTemplate);
 
     http_port_ = FreePort();
     server_ = new Server({"--model=" + model_dir_->path(),
@@ -212,6 +218,67 @@ TEST_F(HttpApiTest, ParseHelperRoundTripsAPydanticModel) {
 
 TEST_F(HttpApiTest, BadSchemasAre400sThatNameTheKeyword) {
   RunClientTest(http_port_, ModelName(), "test_bad_schemas_are_400s_that_name_the_keyword");
+}
+
+TEST_F(HttpApiTest, ToolsNeedATemplateThatRendersThem) {
+  RunClientTest(http_port_, ModelName(), "test_tools_need_a_template_that_renders_them");
+}
+
+// A template in Qwen2.5's (Hermes') style: tools in the system turn, calls in <tool_call>.
+constexpr char kToolTemplate[] =
+    "{{ bos_token }}{% if tools %}<|system|>You may call these tools:\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "Call one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call>{{ eos_token }}"
+    "{% endif %}{% for message in messages %}<|{{ message['role'] }}|>"
+    "{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% for call in message.tool_calls or [] %}<tool_call>\n{{ call.function | tojson }}"
+    "\n</tool_call>{% endfor %}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+
+// Tool calling against a model whose template renders tools (hermes syntax, recognised
+// from the template).
+class HttpToolsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ = new TestTempDir();
+    MakeModelDir(*model_dir_, kToolTemplate);
+    http_port_ = FreePort();
+    server_ = new Server({"--model=" + model_dir_->path(),
+                          "--http_port=" + std::to_string(http_port_), "--max_num_seqs=64"});
+    ASSERT_TRUE(server_->WaitReady());
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+    delete model_dir_;
+    model_dir_ = nullptr;
+  }
+  static std::string ModelName() {
+    return std::filesystem::path(model_dir_->path()).filename().string();
+  }
+  static TestTempDir* model_dir_;
+  static Server* server_;
+  static int http_port_;
+};
+
+TestTempDir* HttpToolsTest::model_dir_ = nullptr;
+Server* HttpToolsTest::server_ = nullptr;
+int HttpToolsTest::http_port_ = 0;
+
+TEST_F(HttpToolsTest, RequiredCallsAlwaysParseAndMatchTheirSchemas) {
+  RunClientTest(http_port_, ModelName(), "test_tools_required");
+}
+
+TEST_F(HttpToolsTest, ANamedFunctionIsTheOneCalled) {
+  RunClientTest(http_port_, ModelName(), "test_tools_named");
+}
+
+TEST_F(HttpToolsTest, StreamedCallsEqualTheWholeAnswer) {
+  RunClientTest(http_port_, ModelName(), "test_tools_streamed_equal_whole");
+}
+
+TEST_F(HttpToolsTest, AutoAnswersAndToolMessagesComeBack) {
+  RunClientTest(http_port_, ModelName(), "test_tools_auto_and_tool_messages");
 }
 
 TEST_F(HttpApiTest, SixtyFourConcurrentStreamsMatchRunsAlone) {

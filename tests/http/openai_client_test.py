@@ -431,6 +431,117 @@ class OpenAiClientTest(unittest.TestCase):
                 self.assertIn(word, message)
             self.assertEqual(raised.exception.body["param"], "response_format")
 
+    # --- Tool calling ---
+
+    def test_tools_need_a_template_that_renders_them(self):
+        with self.assertRaises(openai.BadRequestError) as raised:
+            self.chat(tools=TOOLS)
+        self.assertEqual(raised.exception.body["param"], "tools")
+        self.assertIn("does not render tools", raised.exception.body["message"])
+        # tool_choice "none" hides them: nothing to drop.
+        self.chat(tools=TOOLS, tool_choice="none")
+
+    def tool_chat(self, seed, stream=False, **kwargs):
+        """A chat with TOOLS, sampled; (content, calls as (name, arguments), finish)."""
+        kwargs = dict(dict(model=ARGS.model, messages=[{"role": "user", "content": "Weather?"}],
+                           max_tokens=300, temperature=1.0, seed=seed, tools=TOOLS), **kwargs)
+        if not stream:
+            choice = self.client.chat.completions.create(**kwargs).choices[0]
+            calls = choice.message.tool_calls or []
+            for call in calls:
+                self.assertEqual(call.type, "function")
+                self.assertRegex(call.id, r"^call_[A-Za-z0-9]{24}$")
+            return (choice.message.content,
+                    [(c.function.name, c.function.arguments) for c in calls],
+                    choice.finish_reason)
+        content, calls, finish = "", {}, None
+        for chunk in self.client.chat.completions.create(stream=True, **kwargs):
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, ["", ""])
+                if call.id:
+                    self.assertRegex(call.id, r"^call_[A-Za-z0-9]{24}$")
+                if call.function.name:
+                    entry[0] += call.function.name
+                entry[1] += call.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        ordered = [tuple(calls[i]) for i in sorted(calls)]
+        return (content if content or not ordered else None), ordered, finish
+
+    def check_calls(self, calls, names=None):
+        import jsonschema
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+        self.assertTrue(calls)
+        for name, arguments in calls:
+            self.assertIn(name, names or schemas)
+            jsonschema.validate(json.loads(arguments), schemas[name])
+
+    def test_tools_required(self):
+        for seed in range(24):
+            parallel = seed % 2 == 0
+            content, calls, finish = self.tool_chat(seed, tool_choice="required",
+                                                    parallel_tool_calls=parallel)
+            self.check_calls(calls)
+            if parallel and finish == "length":
+                continue  # More calls were coming: the last one, cut, is content.
+            self.assertEqual(finish, "tool_calls", (content, calls))
+            self.assertIsNone(content)
+            if not parallel:
+                self.assertEqual(len(calls), 1)
+
+    def test_tools_named(self):
+        for seed in range(12):
+            content, calls, finish = self.tool_chat(
+                seed, tool_choice={"type": "function", "function": {"name": "get_time"}},
+                parallel_tool_calls=False)
+            self.assertEqual(finish, "tool_calls")
+            self.assertEqual(len(calls), 1)
+            self.check_calls(calls, names=["get_time"])
+
+    def test_tools_streamed_equal_whole(self):
+        for seed in range(8):
+            whole = self.tool_chat(seed, tool_choice="required")
+            self.assertEqual(self.tool_chat(seed, stream=True, tool_choice="required"), whole)
+            whole = self.tool_chat(seed)
+            self.assertEqual(self.tool_chat(seed, stream=True), whole)
+
+    def test_tools_auto_and_tool_messages(self):
+        for seed in range(6):
+            content, calls, finish = self.tool_chat(seed, max_tokens=20)
+            self.assertIn(finish, ("stop", "length", "tool_calls"))
+            if finish == "tool_calls":
+                self.check_calls(calls)
+            else:
+                self.assertIsInstance(content, str)
+        # A call and its result, sent back as clients do (arguments as JSON text).
+        messages = [{"role": "user", "content": "Weather in Oslo?"},
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}]
+        choice = self.client.chat.completions.create(
+            model=ARGS.model, messages=messages, tools=TOOLS, max_tokens=5,
+            temperature=0).choices[0]
+        self.assertIn(choice.finish_reason, ("stop", "length", "tool_calls"))
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 8},
+            "unit": {"enum": ["C", "F"]}}, "required": ["city"],
+            "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The time in a zone.",
+        "parameters": {"type": "object", "properties": {
+            "zone": {"type": "string", "maxLength": 6}, "hours": {"type": "integer"}},
+            "required": ["zone", "hours"], "additionalProperties": False}}},
+]
+
 
 def random_schema(rng, depth=0):
     """A JSON Schema drawn from what strict mode and the coverage table allow, with every

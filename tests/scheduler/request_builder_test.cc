@@ -136,7 +136,8 @@ TEST_F(RequestBuilderTest, SeedIsKeptOrDrawn) {
 
 TEST_F(RequestBuilderTest, ConstraintsCompileToTheGrammarTheWorkersGet) {
   v1::GenerateRequest r = Valid();
-  r.mutable_constraint()->set_json_schema(R"({"type": "object", "properties": {"a": {"enum": [1]}}})");
+  r.mutable_constraint()->set_json_schema(
+      R"({"type": "object", "properties": {"a": {"enum": [1]}}})");
   auto built = BuildRequest(r, limits_, *tokenizer_);
   ASSERT_TRUE(built.ok()) << built.status();
   ASSERT_NE((*built)->grammar, nullptr);

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
+#include "gtest/gtest.h"
 #include "tests/support/test_support.h"
 #include "text/token_bytes.h"
 #include "text/tokenizer.h"

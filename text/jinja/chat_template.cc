@@ -94,13 +94,14 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ParseNamed(std::string_view source
 
 }  // namespace
 
-ChatTemplate::ChatTemplate(std::unique_ptr<const Program> program) : program_(std::move(program)) {}
+ChatTemplate::ChatTemplate(std::unique_ptr<const Program> program, std::string source)
+    : program_(std::move(program)), source_(std::move(source)) {}
 
 ChatTemplate::~ChatTemplate() = default;
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(std::string_view source) {
   ASSIGN_OR_RETURN(std::unique_ptr<Program> program, ParseTemplate(source));
-  return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(program)));
+  return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(program), std::string(source)));
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::json& context) const {

@@ -55,10 +55,14 @@ class ChatTemplate {
   // nlohmann::json sorts keys.
   absl::StatusOr<std::string> Render(const nlohmann::ordered_json& context) const;
 
+  // The template's text (what a tool-call format is recognised from).
+  const std::string& source() const { return source_; }
+
  private:
-  explicit ChatTemplate(std::unique_ptr<const Program> program);
+  ChatTemplate(std::unique_ptr<const Program> program, std::string source);
 
   std::unique_ptr<const Program> program_;
+  std::string source_;
 };
 
 // The model's chat template: <model_dir>/chat_template.jinja when present (transformers
