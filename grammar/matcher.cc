@@ -63,21 +63,33 @@ Matcher::Matcher(std::shared_ptr<const Grammar> grammar, const Context& context)
     : grammar_(std::move(grammar)) {
   int32_t stack = kEmpty;
   for (auto it = context.rbegin(); it != context.rend(); ++it) stack = Intern(*it, stack);
-  Expand(stack, &state_.stacks);
-  std::sort(state_.stacks.begin(), state_.stacks.end());
-  state_.stacks.erase(std::unique(state_.stacks.begin(), state_.stacks.end()), state_.stacks.end());
+  Config start;
+  Expand(stack, &start.stacks);
+  std::sort(start.stacks.begin(), start.stacks.end());
+  start.stacks.erase(std::unique(start.stacks.begin(), start.stacks.end()), start.stacks.end());
+  state_ = InternConfig(std::move(start));
 }
 
 void Matcher::Reset() {
   history_.clear();
-  state_ = State();
+  Config start;
   const int root = grammar_->root();
   const Rule& rule = grammar_->rules()[root];
   for (size_t a = 0; a < rule.alternatives.size(); ++a) {
-    Expand(Intern({root, static_cast<int32_t>(a), 0}, kEmpty), &state_.stacks);
+    Expand(Intern({root, static_cast<int32_t>(a), 0}, kEmpty), &start.stacks);
   }
-  std::sort(state_.stacks.begin(), state_.stacks.end());
-  state_.stacks.erase(std::unique(state_.stacks.begin(), state_.stacks.end()), state_.stacks.end());
+  std::sort(start.stacks.begin(), start.stacks.end());
+  start.stacks.erase(std::unique(start.stacks.begin(), start.stacks.end()), start.stacks.end());
+  state_ = InternConfig(std::move(start));
+}
+
+int32_t Matcher::InternConfig(Config config) {
+  const auto it = config_ids_.find(config);
+  if (it != config_ids_.end()) return it->second;
+  const auto id = static_cast<int32_t>(configs_.size());
+  configs_.push_back(config);
+  config_ids_.emplace(std::move(config), id);
+  return id;
 }
 
 int32_t Matcher::Intern(Position position, int32_t below) {
@@ -144,36 +156,52 @@ bool Matcher::AnyAllows(const std::vector<int32_t>& stacks, char32_t lo, char32_
 }
 
 bool Matcher::AcceptByte(uint8_t byte) {
-  State next;
-  next.pending_size = state_.pending_size;
-  next.pending_need = state_.pending_need;
-  std::copy(std::begin(state_.pending), std::end(state_.pending), std::begin(next.pending));
+  const uint64_t key = (static_cast<uint64_t>(state_) << 8) | byte;
+  int32_t next;
+  if (const auto it = transitions_.find(key); it != transitions_.end()) {
+    next = it->second;
+  } else {
+    next = Step(state_, byte);
+    if (transitions_.size() < kMaxTransitions) transitions_.emplace(key, next);
+  }
+  if (next == kRefused) return false;
+  history_.push_back(state_);
+  state_ = next;
+  return true;
+}
+
+int32_t Matcher::Step(int32_t config, uint8_t byte) {
+  // configs_ grows only in InternConfig, at the end: `from` stays valid until then.
+  const Config& from = configs_[config];
+  Config next;
+  next.pending_size = from.pending_size;
+  next.pending_need = from.pending_need;
+  std::copy(std::begin(from.pending), std::end(from.pending), std::begin(next.pending));
   if (next.pending_size == 0 && byte < 0x80) {
-    Advance(state_.stacks, byte, &next.stacks);
-    if (next.stacks.empty()) return false;
+    Advance(from.stacks, byte, &next.stacks);
+    if (next.stacks.empty()) return kRefused;
   } else {
     if (next.pending_size == 0) {
       next.pending_need = Utf8Length(byte);
-      if (next.pending_need == 0) return false;
+      if (next.pending_need == 0) return kRefused;
     } else if (next.pending_size == 1 ? !SecondByteAllowed(next.pending[0], byte)
                                       : (byte & 0xC0) != 0x80) {
-      return false;
+      return kRefused;
     }
     next.pending[next.pending_size++] = byte;
     if (next.pending_size == next.pending_need) {
-      Advance(state_.stacks, Decode(next.pending, next.pending_size), &next.stacks);
-      if (next.stacks.empty()) return false;
+      Advance(from.stacks, Decode(next.pending, next.pending_size), &next.stacks);
+      if (next.stacks.empty()) return kRefused;
+      std::fill(std::begin(next.pending), std::end(next.pending), 0);
       next.pending_size = 0;
       next.pending_need = 0;
     } else {
       const auto [lo, hi] = CompletionRange(next.pending, next.pending_size, next.pending_need);
-      if (!AnyAllows(state_.stacks, lo, hi)) return false;
-      next.stacks = state_.stacks;
+      if (!AnyAllows(from.stacks, lo, hi)) return kRefused;
+      next.stacks = from.stacks;
     }
   }
-  history_.push_back(std::move(state_));
-  state_ = std::move(next);
-  return true;
+  return InternConfig(std::move(next));
 }
 
 bool Matcher::Accept(std::string_view bytes) {
@@ -189,16 +217,18 @@ bool Matcher::Accept(std::string_view bytes) {
 
 bool Matcher::CanEnd() const {
   // kEmpty sorts first.
-  return state_.pending_size == 0 && !state_.stacks.empty() && state_.stacks.front() == kEmpty;
+  const Config& c = configs_[state_];
+  return c.pending_size == 0 && !c.stacks.empty() && c.stacks.front() == kEmpty;
 }
 
 bool Matcher::CanContinue() const {
-  return !state_.stacks.empty() && state_.stacks.back() != kEmpty;
+  const Config& c = configs_[state_];
+  return !c.stacks.empty() && c.stacks.back() != kEmpty;
 }
 
 std::vector<Matcher::Context> Matcher::NextContexts(int depth) const {
   std::vector<Context> out;
-  for (const int32_t s : state_.stacks) {
+  for (const int32_t s : configs_[state_].stacks) {
     Context context;
     for (int32_t f = s; f != kEmpty && static_cast<int>(context.size()) < depth;
          f = frames_[f].below) {
@@ -212,7 +242,7 @@ std::vector<Matcher::Context> Matcher::NextContexts(int depth) const {
 
 void Matcher::Rollback(size_t n) {
   if (n == 0) return;
-  state_ = std::move(history_[history_.size() - n]);
+  state_ = history_[history_.size() - n];
   history_.resize(history_.size() - n);
 }
 

@@ -68,7 +68,7 @@ class Matcher {
   using Context = std::vector<Position>;
 
   // Whether the bytes so far end on a character boundary (no character read in part).
-  bool AtCharacterBoundary() const { return state_.pending_size == 0; }
+  bool AtCharacterBoundary() const { return configs_[state_].pending_size == 0; }
   // The top `depth` frames (fewer where a stack is shallower) of every parse stack, each
   // distinct context once.
   std::vector<Context> NextContexts(int depth) const;
@@ -98,13 +98,30 @@ class Matcher {
     }
   };
 
-  struct State {
+  // A configuration: every parse stack at one point, and a character read in part. Also
+  // interned, and each (configuration, byte) transition remembered once computed, so the
+  // matcher is a DFA built as it is used: a byte it has seen in a configuration before
+  // costs one lookup (a token walk inside a JSON string revisits one configuration).
+  struct Config {
     std::vector<int32_t> stacks;  // Sorted, unique: tops are character elements, or kEmpty.
-    // A character read in part: its bytes so far and how many it has in all.
     uint8_t pending[4] = {0, 0, 0, 0};
     int pending_size = 0;
     int pending_need = 0;
+    bool operator==(const Config&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const Config& c) {
+      return H::combine(std::move(h), c.stacks, c.pending[0], c.pending[1], c.pending[2],
+                        c.pending_size, c.pending_need);
+    }
   };
+  static constexpr int32_t kRefused = -1;
+  // Transitions remembered at most (each a few bytes); beyond, new ones are computed each
+  // time.
+  static constexpr size_t kMaxTransitions = size_t{1} << 22;
+
+  int32_t InternConfig(Config config);
+  // The configuration after `byte`, or kRefused.
+  int32_t Step(int32_t config, uint8_t byte);
 
   int32_t Intern(Position position, int32_t below);
   const Element& Top(int32_t stack) const;
@@ -119,9 +136,12 @@ class Matcher {
   std::shared_ptr<const Grammar> grammar_;
   std::vector<Frame> frames_;
   absl::flat_hash_map<FrameKey, int32_t> frame_ids_;
-  State state_;
-  std::vector<State> history_;  // The state before each accepted byte.
-  std::vector<int32_t> work_;   // Expand's scratch.
+  std::vector<Config> configs_;
+  absl::flat_hash_map<Config, int32_t> config_ids_;
+  absl::flat_hash_map<uint64_t, int32_t> transitions_;  // config << 8 | byte.
+  int32_t state_ = 0;                                   // The current configuration.
+  std::vector<int32_t> history_;  // The configuration before each accepted byte.
+  std::vector<int32_t> work_;     // Expand's scratch.
 };
 
 }  // namespace conveyor::grammar
