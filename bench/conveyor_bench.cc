@@ -86,6 +86,9 @@ ABSL_FLAG(int, chat_max_input, 2048, "chat: most prompt tokens.");
 ABSL_FLAG(int, chat_max_output, 1024, "chat: most output tokens.");
 ABSL_FLAG(bool, ignore_eos, true, "Generate exactly the drawn output length.");
 ABSL_FLAG(double, temperature, 0, "Sampling temperature (0: greedy).");
+ABSL_FLAG(std::string, json_schema, "",
+          "Constrain every output to this JSON Schema (JSON text; structured output). "
+          "Turns ignore_eos off: choose a schema longer than the outputs.");
 
 ABSL_FLAG(int, concurrency, 0, "Closed loop: this many clients (0: open loop).");
 ABSL_FLAG(std::string, request_rate, "inf",
@@ -145,6 +148,7 @@ WorkloadOptions WorkloadFromFlags() {
 bool LoadFromFlags(LoadOptions* o) {
   o->ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   o->temperature = absl::GetFlag(FLAGS_temperature);
+  o->json_schema = absl::GetFlag(FLAGS_json_schema);
   o->concurrency = absl::GetFlag(FLAGS_concurrency);
   o->burstiness = absl::GetFlag(FLAGS_burstiness);
   o->seed = absl::GetFlag(FLAGS_seed);
@@ -345,6 +349,7 @@ int main(int argc, char** argv) {
                    {"output_len_range", absl::GetFlag(FLAGS_output_len_range)},
                    {"ignore_eos", absl::GetFlag(FLAGS_ignore_eos)},
                    {"temperature", absl::GetFlag(FLAGS_temperature)},
+                   {"json_schema", absl::GetFlag(FLAGS_json_schema)},
                    {"timeout_s", absl::GetFlag(FLAGS_timeout_s)},
                    {"requested_prompt_tokens", prompt_total},
                    {"requested_output_tokens", requested_out},

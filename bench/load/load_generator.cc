@@ -33,9 +33,12 @@ class GenerateCall final : public Call, public grpc::ClientReadReactor<v1::Gener
     result_.requested_tokens = spec.max_new_tokens;
     request_.mutable_token_ids()->mutable_ids()->Add(spec.prompt.begin(), spec.prompt.end());
     request_.set_max_new_tokens(spec.max_new_tokens);
-    request_.set_ignore_eos(bench->options().ignore_eos);
+    request_.set_ignore_eos(bench->options().ignore_eos && bench->options().json_schema.empty());
     request_.set_temperature(static_cast<float>(bench->options().temperature));
     request_.set_seed(spec.seed);
+    if (!bench->options().json_schema.empty()) {
+      request_.mutable_constraint()->set_json_schema(bench->options().json_schema);
+    }
     request_.set_request_id("bench-" + std::to_string(spec.index));
   }
 
@@ -162,13 +165,20 @@ HttpCall::HttpCall(LoadGenerator* bench, const RequestSpec& spec) : bench_(bench
   result_.index = spec.index;
   result_.prompt_tokens = static_cast<int>(spec.prompt.size());
   result_.requested_tokens = spec.max_new_tokens;
-  const json body = {{"prompt", spec.prompt},
-                     {"max_tokens", spec.max_new_tokens},
-                     {"temperature", bench->options().temperature},
-                     {"seed", spec.seed},
-                     {"ignore_eos", bench->options().ignore_eos},
-                     {"stream", true},
-                     {"stream_options", {{"include_usage", true}}}};
+  const bool constrained = !bench->options().json_schema.empty();
+  json body = {{"prompt", spec.prompt},
+               {"max_tokens", spec.max_new_tokens},
+               {"temperature", bench->options().temperature},
+               {"seed", spec.seed},
+               {"ignore_eos", bench->options().ignore_eos && !constrained},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  if (constrained) {
+    body["response_format"] = {
+        {"type", "json_schema"},
+        {"json_schema",
+         {{"name", "bench"}, {"schema", json::parse(bench->options().json_schema)}}}};
+  }
   body_ = body.dump();
 }
 

@@ -51,6 +51,10 @@ nlohmann::json ToJson(const RequestResult& r, bool itl);
 // How requests are sent (conveyor-bench's flags of the same names).
 struct LoadOptions {
   bool ignore_eos = true;
+  // Structured output: every request's output is constrained to this JSON Schema (JSON
+  // text; empty: none). A constrained request cannot ignore EOS, so ignore_eos is off for
+  // it: pick a schema whose sentences are longer than the outputs to keep lengths fixed.
+  std::string json_schema;
   double temperature = 0;
   int concurrency = 0;      // Closed loop: this many clients; 0: open loop.
   double request_rate = 0;  // Open loop: requests/s (inf: all at once).
