@@ -356,5 +356,27 @@ TEST(TokenMaskTest, EqualsFeedingEveryTokenAlone) {
   }
 }
 
+// Positions deep inside a long run of one element share their cache entry, and the masks
+// stay those of the walk at every position of the run, its end included.
+TEST(TokenMaskTest, ALongRunSharesItsContexts) {
+  auto grammar = std::make_shared<const Grammar>(
+      MustParse("root ::= [a-c]{40} item{30} \"x\"\nitem ::= \"d\" | \"ee\"\n"));
+  std::vector<std::string> tokens = {"<eos>", "a", "b", "ab", "abc", "ca", "x", "cx", "d",
+                                     "e",     "ee", "de", "eed", "dx", "eex", "bbbb"};
+  const Vocabulary vocabulary(tokens, std::vector<bool>(tokens.size(), false), {0});
+  const TokenMasker walk(&vocabulary);
+  MaskCache cache(grammar, &vocabulary);
+  const TokenMasker cached(&vocabulary, &cache);
+  Matcher m(grammar);
+  const std::string sentence = std::string(40, 'b') + std::string(30, 'd') + "x";
+  for (size_t i = 0; i <= sentence.size(); ++i) {
+    ASSERT_EQ(cached.Compute(m), walk.Compute(m)) << "after " << i << " bytes";
+    if (i < sentence.size()) ASSERT_TRUE(m.AcceptByte(static_cast<uint8_t>(sentence[i])));
+  }
+  EXPECT_TRUE(m.CanEnd());
+  // 71 positions; the runs' starts stand for all but their last (longest token + 1).
+  EXPECT_LT(cache.num_contexts(), 20u);
+}
+
 }  // namespace
 }  // namespace conveyor::grammar

@@ -73,9 +73,83 @@ Bitmask TokenMasker::Walk(Matcher& matcher) const {
   return mask;
 }
 
+namespace {
+
+bool SameElement(const Element& a, const Element& b) {
+  if (a.kind != b.kind) return false;
+  if (a.kind == Element::Kind::kRule) return a.rule == b.rule;
+  return std::equal(
+      a.chars.begin(), a.chars.end(), b.chars.begin(), b.chars.end(),
+      [](const CharRange& x, const CharRange& y) { return x.lo == y.lo && x.hi == y.hi; });
+}
+
+// Which rules derive the empty string (a fixpoint over the rules).
+std::vector<bool> NullableRules(const Grammar& grammar) {
+  const std::vector<Rule>& rules = grammar.rules();
+  std::vector<bool> nullable(rules.size(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < rules.size(); ++r) {
+      if (nullable[r]) continue;
+      for (const Sequence& alternative : rules[r].alternatives) {
+        const bool empty = std::all_of(
+            alternative.begin(), alternative.end(),
+            [&](const Element& e) { return e.kind == Element::Kind::kRule && nullable[e.rule]; });
+        if (empty) {
+          nullable[r] = true;
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  return nullable;
+}
+
+}  // namespace
+
 MaskCache::MaskCache(std::shared_ptr<const Grammar> grammar, const Vocabulary* vocabulary,
                      size_t max_contexts)
-    : grammar_(std::move(grammar)), vocabulary_(vocabulary), max_contexts_(max_contexts) {}
+    : grammar_(std::move(grammar)), vocabulary_(vocabulary), max_contexts_(max_contexts) {
+  // A token of at most `window` bytes reads at most `window` elements that each take a
+  // byte or more; from two positions of one run of a repeated such element with more than
+  // `window` copies ahead, it reads the same elements and never reaches the run's end.
+  size_t window = 1;
+  for (const int32_t id : vocabulary_->sorted_)
+    window = std::max(window, vocabulary_->bytes_[id].size());
+  const std::vector<bool> nullable = NullableRules(*grammar_);
+  const std::vector<Rule>& rules = grammar_->rules();
+  canonical_.resize(rules.size());
+  for (size_t r = 0; r < rules.size(); ++r) {
+    canonical_[r].resize(rules[r].alternatives.size());
+    for (size_t a = 0; a < rules[r].alternatives.size(); ++a) {
+      const Sequence& sequence = rules[r].alternatives[a];
+      if (sequence.size() <= window + 1) continue;
+      std::vector<int32_t> canonical(sequence.size() + 1);
+      for (size_t i = 0; i < canonical.size(); ++i) canonical[i] = static_cast<int32_t>(i);
+      for (size_t begin = 0; begin < sequence.size();) {
+        size_t end = begin + 1;
+        while (end < sequence.size() && SameElement(sequence[end], sequence[begin])) ++end;
+        const Element& e = sequence[begin];
+        const bool takes_bytes = e.kind == Element::Kind::kChars || !nullable[e.rule];
+        // Positions i with i + window < end: window + 1 copies ahead or more.
+        if (takes_bytes && end - begin > window + 1) {
+          for (size_t i = begin; i + window < end; ++i) canonical[i] = static_cast<int32_t>(begin);
+        }
+        begin = end;
+      }
+      canonical_[r][a] = std::move(canonical);
+    }
+  }
+}
+
+Matcher::Context MaskCache::Canonical(Matcher::Context context) const {
+  for (Matcher::Position& p : context) {
+    const std::vector<int32_t>& canonical = canonical_[p.rule][p.alternative];
+    if (!canonical.empty()) p.index = canonical[p.index];
+  }
+  return context;
+}
 
 MaskCache::~MaskCache() = default;
 
@@ -84,7 +158,8 @@ size_t MaskCache::num_contexts() const {
   return entries_.size();
 }
 
-std::shared_ptr<const MaskCache::Entry> MaskCache::Get(const Matcher::Context& context) {
+std::shared_ptr<const MaskCache::Entry> MaskCache::Get(const Matcher::Context& given) {
+  const Matcher::Context context = Canonical(given);
   {
     std::lock_guard lock(mutex_);
     if (auto it = entries_.find(context); it != entries_.end()) return it->second;

@@ -5,8 +5,18 @@
 // neighbours: the mask walks them in order, rolls the matcher back only to the prefix the
 // next token shares with the last, and when a byte is refused skips every following token
 // that shares the refused prefix. That is a walk of the token trie without building it.
-// (Context-independent tokens cached per grammar position, the next speed-up, are not
-// here yet.)
+//
+// With a MaskCache, most of the work is done once per grammar context instead of once per
+// step (the approach of XGrammar, Dong et al., 2024). A context is the top few frames of a
+// parse stack (the character element the parse may read next, and the rule positions it
+// returns to): the tokens split into those the context accepts whole (accepted whatever
+// lies below it on the stack), those it refuses, and those that run past its last frame,
+// whose fate depends on the stack below. A mask is then the union of its contexts'
+// accepted sets, plus their uncertain tokens checked against the whole state. A few
+// frames, not one, because a rule is often a single character (JSON's string character
+// returns to the string's loop after one byte); with six, a token inside a string and
+// most that close one (`",`) are decided in their context. Contexts are computed when
+// first needed and shared by every sequence of the grammar.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +26,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-
 #include "grammar/matcher.h"
 
 namespace conveyor::grammar {
@@ -69,7 +78,7 @@ class MaskCache {
     std::vector<int32_t> uncertain;  // Run past the rule's end: depend on the context.
   };
   // The split at `context`, computed on first use.
-  std::shared_ptr<const Entry> Get(const Matcher::Context& context);
+  std::shared_ptr<const Entry> Get(const Matcher::Context& given);
 
   size_t num_contexts() const;
   const Grammar& grammar() const { return *grammar_; }
@@ -77,12 +86,18 @@ class MaskCache {
 
  private:
   Entry Compute(const Matcher::Context& context) const;
+  // `context` with each frame moved to the first of the positions that behave alike for
+  // any token: inside a long run of one repeated element (x{1000} is a thousand copies),
+  // every position with more copies ahead than a token has bytes reads the same.
+  Matcher::Context Canonical(Matcher::Context context) const;
 
   std::shared_ptr<const Grammar> grammar_;
   const Vocabulary* vocabulary_;
   size_t max_contexts_;
   mutable std::mutex mutex_;
   absl::flat_hash_map<Matcher::Context, std::shared_ptr<const Entry>> entries_;
+  // canonical_[rule][alternative][index]: the position it behaves as (empty: itself).
+  std::vector<std::vector<std::vector<int32_t>>> canonical_;
 };
 
 class TokenMasker {
