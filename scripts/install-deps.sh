@@ -20,4 +20,12 @@ $SUDO apt-get install -y -qq --no-install-recommends \
 venv="${CONVEYOR_TEST_VENV:-/opt/conveyor-test-venv}"
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/requirements.txt"
+# xgrammar, the reference our token masks are compared with (tests/grammar_ref/mask_reference_test),
+# in a venv of its own: installed without its declared torch/transformers/triton, which
+# computing masks never loads (tests/grammar_ref/requirements.txt says why).
+xvenv="${CONVEYOR_XGRAMMAR_VENV:-/opt/conveyor-xgrammar-venv}"
+[ -x "$xvenv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$xvenv"
+"$xvenv/bin/pip" install -q --disable-pip-version-check --no-deps xgrammar==0.2.9
+"$xvenv/bin/pip" install -q --disable-pip-version-check \
+  -r "$(dirname "$0")/../tests/grammar_ref/requirements.txt"
 echo "install-deps: done"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference token masks for grammar/mask_reference_test.cc, made with the `xgrammar` package.
+"""Reference token masks for tests/grammar_ref/mask_reference_test.cc, made with the `xgrammar` package.
 
 The C++ test writes, under DIR, vocabularies, grammars (in Conveyor's grammar form, rule
 `root`) and token sequences; this script replays each sequence in xgrammar's
