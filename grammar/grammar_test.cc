@@ -361,8 +361,8 @@ TEST(TokenMaskTest, EqualsFeedingEveryTokenAlone) {
 TEST(TokenMaskTest, ALongRunSharesItsContexts) {
   auto grammar = std::make_shared<const Grammar>(
       MustParse("root ::= [a-c]{40} item{30} \"x\"\nitem ::= \"d\" | \"ee\"\n"));
-  std::vector<std::string> tokens = {"<eos>", "a", "b", "ab", "abc", "ca", "x", "cx", "d",
-                                     "e",     "ee", "de", "eed", "dx", "eex", "bbbb"};
+  std::vector<std::string> tokens = {"<eos>", "a", "b",  "ab", "abc", "ca", "x",   "cx",
+                                     "d",     "e", "ee", "de", "eed", "dx", "eex", "bbbb"};
   const Vocabulary vocabulary(tokens, std::vector<bool>(tokens.size(), false), {0});
   const TokenMasker walk(&vocabulary);
   MaskCache cache(grammar, &vocabulary);

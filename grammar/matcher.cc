@@ -67,7 +67,7 @@ Matcher::Matcher(std::shared_ptr<const Grammar> grammar, const Context& context)
   Expand(stack, &start.stacks);
   std::sort(start.stacks.begin(), start.stacks.end());
   start.stacks.erase(std::unique(start.stacks.begin(), start.stacks.end()), start.stacks.end());
-  state_ = InternConfig(std::move(start));
+  state_ = InternConfig(start);
 }
 
 void Matcher::Reset() {
@@ -80,15 +80,15 @@ void Matcher::Reset() {
   }
   std::sort(start.stacks.begin(), start.stacks.end());
   start.stacks.erase(std::unique(start.stacks.begin(), start.stacks.end()), start.stacks.end());
-  state_ = InternConfig(std::move(start));
+  state_ = InternConfig(start);
 }
 
-int32_t Matcher::InternConfig(Config config) {
+int32_t Matcher::InternConfig(const Config& config) {
   const auto it = config_ids_.find(config);
   if (it != config_ids_.end()) return it->second;
   const auto id = static_cast<int32_t>(configs_.size());
   configs_.push_back(config);
-  config_ids_.emplace(std::move(config), id);
+  config_ids_.emplace(config, id);
   return id;
 }
 
@@ -201,7 +201,7 @@ int32_t Matcher::Step(int32_t config, uint8_t byte) {
       next.stacks = from.stacks;
     }
   }
-  return InternConfig(std::move(next));
+  return InternConfig(next);
 }
 
 bool Matcher::Accept(std::string_view bytes) {

@@ -119,7 +119,7 @@ class Matcher {
   // time.
   static constexpr size_t kMaxTransitions = size_t{1} << 22;
 
-  int32_t InternConfig(Config config);
+  int32_t InternConfig(const Config& config);
   // The configuration after `byte`, or kRefused.
   int32_t Step(int32_t config, uint8_t byte);
 

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "grammar/grammar.h"
 #include "common/utf8.h"
+#include "grammar/grammar.h"
 
 namespace conveyor::grammar {
 namespace {

@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "common/test_temp_dir.h"
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "grammar/grammar.h"
 #include "grammar/matcher.h"
 #include "grammar/test_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "common/utf8.h"
 
 namespace conveyor::grammar {
 namespace {

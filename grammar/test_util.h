@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "grammar/grammar.h"
 #include "common/utf8.h"
+#include "grammar/grammar.h"
 
 namespace conveyor::grammar {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/grpc_status.h"
 #include "common/utf8.h"
+#include "rpc/grpc_status.h"
 
 namespace conveyor::scheduler {
 namespace {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/test_temp_dir.h"
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -25,7 +26,6 @@
 #include "text/hf_tokenizer.h"
 #include "text/hf_tokenizer_test_util.h"
 #include "text/tokenizer.h"
-#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

@@ -140,8 +140,9 @@ absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest&
   r->stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   if (p.has_constraint()) {
     if (p.ignore_eos()) {
-      return Invalid("ignore_eos cannot be combined with a constraint: EOS is how a "
-                     "constrained output ends");
+      return Invalid(
+          "ignore_eos cannot be combined with a constraint: EOS is how a "
+          "constrained output ends");
     }
     absl::StatusOr<std::shared_ptr<const std::string>> grammar = CompileConstraint(p.constraint());
     if (!grammar.ok()) {

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/test_tokenizer.h"
-#include "common/utf8.h"
 
 namespace conveyor::scheduler {
 namespace {

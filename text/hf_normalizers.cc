@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "text/hf_stage_util.h"
 #include "text/hf_tokenizer_text.h"
-#include "common/utf8.h"
 
 namespace conveyor::hf {
 namespace {

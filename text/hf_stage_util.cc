@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "text/hf_tokenizer_components.h"
 #include "common/utf8.h"
+#include "text/hf_tokenizer_components.h"
 
 namespace conveyor::hf {
 

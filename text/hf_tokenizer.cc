@@ -11,11 +11,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/utf8.h"
 #include "nlohmann/json.hpp"
 #include "text/hf_tokenizer_bpe.h"
 #include "text/hf_tokenizer_components.h"
 #include "text/hf_tokenizer_text.h"
-#include "common/utf8.h"
 
 namespace conveyor {
 namespace hf {

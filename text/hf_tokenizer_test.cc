@@ -17,13 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/test_temp_dir.h"
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "text/hf_tokenizer_components.h"
 #include "text/hf_tokenizer_test_util.h"
 #include "text/hf_tokenizer_text.h"
-#include "common/utf8.h"
 
 namespace conveyor {
 namespace {

@@ -10,8 +10,8 @@
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
-#include "text/unicode.h"
 #include "common/utf8.h"
+#include "text/unicode.h"
 
 namespace conveyor::hf {
 

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 #include "gmock/gmock.h"
 #include "grammar/grammar.h"
 #include "grammar/matcher.h"
 #include "grammar/test_util.h"
 #include "gtest/gtest.h"
-#include "common/utf8.h"
 
 namespace conveyor::scheduler::openai {
 

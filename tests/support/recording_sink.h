@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/utf8.h"
 #include "gtest/gtest.h"
 #include "scheduler/request.h"
-#include "common/utf8.h"
 
 namespace conveyor::testing {
 

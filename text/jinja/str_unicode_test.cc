@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "common/utf8.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "text/jinja/chat_template.h"
 #include "text/jinja/text.h"
 #include "text/unicode.h"
-#include "common/utf8.h"
 
 namespace conveyor::jinja {
 namespace {
