@@ -120,10 +120,6 @@ using conveyor::bench::Clock;
 using json = nlohmann::json;
 using namespace conveyor::bench;  // NOLINT(google-build-using-namespace): the bench's own parts.
 
-double SecondsSince(Clock::time_point t0, Clock::time_point t) {
-  return std::chrono::duration<double>(t - t0).count();
-}
-
 WorkloadOptions WorkloadFromFlags() {
   WorkloadOptions o;
   o.kind = absl::GetFlag(FLAGS_workload);

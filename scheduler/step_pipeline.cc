@@ -43,10 +43,10 @@ void StepPipeline::Launch(const StepPlan& plan, const worker::v1::StepRequest& r
 }
 
 StepPipeline::Answer StepPipeline::WaitOldest() {
-  Answer answer{std::move(steps_.front()), absl::UnknownError("not answered")};
+  Step step = std::move(steps_.front());
   steps_.pop_front();
-  answer.response = answer.step.call->Wait();
-  return answer;
+  absl::StatusOr<worker::v1::StepResponse> response = step.call->Wait();
+  return {std::move(step), std::move(response)};
 }
 
 void StepPipeline::TakeBack(const Step* failed, RequestTable& requests) {

@@ -10,9 +10,6 @@ namespace {
 
 using json = nlohmann::json;
 
-double SecondsSince(Clock::time_point t0, Clock::time_point t) {
-  return std::chrono::duration<double>(t - t0).count();
-}
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 }  // namespace

@@ -24,6 +24,10 @@ namespace conveyor::bench {
 
 using Clock = std::chrono::steady_clock;
 
+inline double SecondsSince(Clock::time_point t0, Clock::time_point t) {
+  return std::chrono::duration<double>(t - t0).count();
+}
+
 struct RequestResult {
   int index = 0;
   int prompt_tokens = 0;
