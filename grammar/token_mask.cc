@@ -27,20 +27,16 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, std::vector<bool> s
   }
 }
 
-Bitmask TokenMasker::Walk(Matcher& matcher) const {
-  const Vocabulary& v = *vocabulary_;
-  Bitmask mask((static_cast<size_t>(v.size()) + 31) / 32, 0);
-  auto allow = [&](int32_t id) { mask[static_cast<size_t>(id) / 32] |= 1u << (id % 32); };
-  if (matcher.CanEnd()) {
-    for (int32_t eos : v.eos_ids_) allow(eos);
-  }
+template <typename OnByte, typename OnAccepted, typename OnRefused>
+void Vocabulary::Walk(Matcher& matcher, OnByte on_byte, OnAccepted on_accepted,
+                      OnRefused on_refused) const {
   const size_t start = matcher.num_accepted();
   // The bytes of the current path the matcher holds beyond `start`, and how many of them.
   size_t depth = 0;
   const std::string* path = nullptr;
-  for (size_t i = 0; i < v.sorted_.size();) {
-    const int32_t id = v.sorted_[i];
-    const std::string& bytes = v.bytes_[id];
+  for (size_t i = 0; i < sorted_.size();) {
+    const int32_t id = sorted_[i];
+    const std::string& bytes = bytes_[id];
     // Back to what this token shares with the bytes the matcher holds.
     size_t common = 0;
     if (path != nullptr) {
@@ -57,19 +53,32 @@ Bitmask TokenMasker::Walk(Matcher& matcher) const {
         break;
       }
       ++depth;
+      on_byte(depth);
     }
     if (ok) {
-      allow(id);
+      on_accepted(id);
       ++i;
       continue;
     }
     // Refused at byte `depth`: every following token that shares bytes[0..depth] is refused
     // too.
     size_t j = i + 1;
-    while (j < v.sorted_.size() && v.shared_prefix_[j] > static_cast<int32_t>(depth)) ++j;
+    while (j < sorted_.size() && shared_prefix_[j] > static_cast<int32_t>(depth)) ++j;
+    on_refused(i, j, depth);
     i = j;
   }
   matcher.Rollback(matcher.num_accepted() - start);
+}
+
+Bitmask TokenMasker::Walk(Matcher& matcher) const {
+  const Vocabulary& v = *vocabulary_;
+  Bitmask mask((static_cast<size_t>(v.size()) + 31) / 32, 0);
+  auto allow = [&](int32_t id) { mask[static_cast<size_t>(id) / 32] |= 1u << (id % 32); };
+  if (matcher.CanEnd()) {
+    for (int32_t eos : v.eos_ids_) allow(eos);
+  }
+  v.Walk(
+      matcher, [](size_t) {}, allow, [](size_t, size_t, size_t) {});
   return mask;
 }
 
@@ -180,44 +189,18 @@ MaskCache::Entry MaskCache::Compute(const Matcher::Context& context) const {
   Matcher matcher(grammar_, context);
   // past_end[d]: some parse of the first d bytes of the current path left the context.
   std::vector<bool> past_end(1, matcher.CanEnd());
-  size_t depth = 0;
-  const std::string* path = nullptr;
-  for (size_t i = 0; i < v.sorted_.size();) {
-    const int32_t id = v.sorted_[i];
-    const std::string& bytes = v.bytes_[id];
-    size_t common = 0;
-    if (path != nullptr) {
-      const size_t limit = std::min({depth, bytes.size(), path->size()});
-      while (common < limit && (*path)[common] == bytes[common]) ++common;
-    }
-    matcher.Rollback(depth - common);
-    depth = common;
-    past_end.resize(depth + 1);
-    path = &bytes;
-    bool ok = true;
-    while (depth < bytes.size()) {
-      if (!matcher.AcceptByte(static_cast<uint8_t>(bytes[depth]))) {
-        ok = false;
-        break;
-      }
-      ++depth;
-      past_end.push_back(past_end.back() || matcher.CanEnd());
-    }
-    if (ok) {
-      entry.accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
-      ++i;
-      continue;
-    }
-    // Refused at byte `depth` within the context, as is every following token sharing
-    // bytes[0..depth]; those the context may have handed over before then are uncertain.
-    const bool uncertain = past_end[depth];
-    size_t j = i;
-    do {
-      if (uncertain) entry.uncertain.push_back(v.sorted_[j]);
-      ++j;
-    } while (j < v.sorted_.size() && v.shared_prefix_[j] > static_cast<int32_t>(depth));
-    i = j;
-  }
+  v.Walk(
+      matcher,
+      [&](size_t depth) {
+        past_end.resize(depth);
+        past_end.push_back(past_end.back() || matcher.CanEnd());
+      },
+      [&](int32_t id) { entry.accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32); },
+      [&](size_t begin, size_t end, size_t depth) {
+        // Refused within the context; those it may have handed over before are uncertain.
+        if (!past_end[depth]) return;
+        for (size_t k = begin; k < end; ++k) entry.uncertain.push_back(v.sorted_[k]);
+      });
   return entry;
 }
 

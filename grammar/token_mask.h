@@ -45,6 +45,14 @@ class Vocabulary {
  private:
   friend class TokenMasker;
   friend class MaskCache;
+
+  // Feeds the sorted tokens to `matcher` as a trie walk: rolls back only to the prefix a
+  // token shares with the one before, and skips every token under a refused prefix.
+  // Calls on_byte(depth) after each byte accepted (depth bytes of the current token in),
+  // on_accepted(id) for each token accepted whole, and on_refused(begin, end, depth) for the
+  // tokens sorted_[begin, end) refused at their byte `depth`. The matcher ends as it began.
+  template <typename OnByte, typename OnAccepted, typename OnRefused>
+  void Walk(Matcher& matcher, OnByte on_byte, OnAccepted on_accepted, OnRefused on_refused) const;
   std::vector<std::string> bytes_;
   std::vector<int32_t> eos_ids_;
   // Ordinary tokens with bytes, sorted by their bytes; and, for each, the length of the
