@@ -75,14 +75,14 @@ void MakeModelDir(const TestTempDir& dir, const std::string& chat_template) {
   dir.WriteFile("tokenizer_config.json", config.dump());
 }
 
-class HttpApiTest : public ::testing::Test {
+// A copy of the test model (its files linked) whose tokenizer_config.json carries
+// `kTemplate`, served with the HTTP API on, once per test suite.
+template <const char* kTemplate>
+class ServedModelTest : public ::testing::Test {
  protected:
-  // A copy of the test model (its files linked) whose tokenizer_config.json carries the
-  // chat template, served with the HTTP API on.
   static void SetUpTestSuite() {
     model_dir_ = new TestTempDir();
-    MakeModelDir(*model_dir_, kChatTemplate);
-
+    MakeModelDir(*model_dir_, kTemplate);
     http_port_ = FreePort();
     server_ = new Server({"--model=" + model_dir_->path(),
                           "--http_port=" + std::to_string(http_port_), "--max_num_seqs=64"});
@@ -101,6 +101,13 @@ class HttpApiTest : public ::testing::Test {
     return std::filesystem::path(model_dir_->path()).filename().string();
   }
 
+  static inline TestTempDir* model_dir_ = nullptr;
+  static inline Server* server_ = nullptr;
+  static inline int http_port_ = 0;
+};
+
+class HttpApiTest : public ServedModelTest<kChatTemplate> {
+ protected:
   double MetricWithLabels(const std::string& name, const std::vector<std::string>& labels) {
     const auto page = server_->MetricsPage();
     return page.has_value() ? Sample(*page, name, labels) : -1;
@@ -114,15 +121,7 @@ class HttpApiTest : public ::testing::Test {
     }
     return false;
   }
-
-  static TestTempDir* model_dir_;
-  static Server* server_;
-  static int http_port_;
 };
-
-TestTempDir* HttpApiTest::model_dir_ = nullptr;
-Server* HttpApiTest::server_ = nullptr;
-int HttpApiTest::http_port_ = 0;
 
 // Runs openai_client_test.py's `test` against the server on `port`; the test fails with
 // the script's verdict (its report is on stderr). `on_streaming`, when given, runs when the
@@ -237,33 +236,7 @@ constexpr char kToolTemplate[] =
 
 // Tool calling against a model whose template renders tools (hermes syntax, recognised
 // from the template).
-class HttpToolsTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    model_dir_ = new TestTempDir();
-    MakeModelDir(*model_dir_, kToolTemplate);
-    http_port_ = FreePort();
-    server_ = new Server({"--model=" + model_dir_->path(),
-                          "--http_port=" + std::to_string(http_port_), "--max_num_seqs=64"});
-    ASSERT_TRUE(server_->WaitReady());
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-    delete model_dir_;
-    model_dir_ = nullptr;
-  }
-  static std::string ModelName() {
-    return std::filesystem::path(model_dir_->path()).filename().string();
-  }
-  static TestTempDir* model_dir_;
-  static Server* server_;
-  static int http_port_;
-};
-
-TestTempDir* HttpToolsTest::model_dir_ = nullptr;
-Server* HttpToolsTest::server_ = nullptr;
-int HttpToolsTest::http_port_ = 0;
+using HttpToolsTest = ServedModelTest<kToolTemplate>;
 
 TEST_F(HttpToolsTest, RequiredCallsAlwaysParseAndMatchTheirSchemas) {
   RunClientTest(http_port_, ModelName(), "test_tools_required");
