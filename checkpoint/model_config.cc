@@ -1,6 +1,7 @@
 #include "checkpoint/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -11,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/file_util.h"
 #include "common/status_macros.h"
@@ -107,8 +110,39 @@ absl::Status RequirePositive(const ConfigReader& reader, const std::string& key,
   return reader.Error(key, absl::StrCat("must be positive, got ", value));
 }
 
+// YaRN's keys, with transformers' defaults and its attention factor
+// (_compute_yarn_parameters in modeling_rope_utils.py).
+absl::Status ParseYarn(const ConfigReader& reader, int max_position_embeddings,
+                       RopeScaling* scaling) {
+  scaling->original_max_position_embeddings = max_position_embeddings;
+  RETURN_IF_ERROR(reader.Read("original_max_position_embeddings", Need::kOptional,
+                              &scaling->original_max_position_embeddings));
+  RETURN_IF_ERROR(RequirePositive(reader, "original_max_position_embeddings",
+                                  scaling->original_max_position_embeddings));
+  RETURN_IF_ERROR(reader.Read("beta_fast", Need::kOptional, &scaling->beta_fast));
+  RETURN_IF_ERROR(reader.Read("beta_slow", Need::kOptional, &scaling->beta_slow));
+  RETURN_IF_ERROR(RequirePositive(reader, "beta_fast", scaling->beta_fast));
+  RETURN_IF_ERROR(RequirePositive(reader, "beta_slow", scaling->beta_slow));
+  RETURN_IF_ERROR(reader.Read("truncate", Need::kOptional, &scaling->truncate));
+  auto mscale = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  if (reader.Has("attention_factor")) {
+    RETURN_IF_ERROR(reader.Read("attention_factor", Need::kRequired, &scaling->attention_factor));
+    return RequirePositive(reader, "attention_factor", scaling->attention_factor);
+  }
+  float m = 0, m_all = 0;
+  RETURN_IF_ERROR(reader.Read("mscale", Need::kOptional, &m));
+  RETURN_IF_ERROR(reader.Read("mscale_all_dim", Need::kOptional, &m_all));
+  scaling->attention_factor =
+      static_cast<float>(m != 0 && m_all != 0 ? mscale(scaling->factor, m) / mscale(scaling->factor, m_all)
+                                              : mscale(scaling->factor, 1.0));
+  return absl::OkStatus();
+}
+
+// `max_position_embeddings` is YaRN's default original context.
 absl::Status ParseRopeScaling(const nlohmann::json& json, std::string_view source,
-                              RopeScaling* scaling) {
+                              int max_position_embeddings, RopeScaling* scaling) {
   const ConfigReader reader(json, source, "rope_scaling.");
   // Newer transformers write "rope_type"; older configs write "type".
   const std::string type_key = reader.Has("rope_type") ? "rope_type" : "type";
@@ -122,12 +156,15 @@ absl::Status ParseRopeScaling(const nlohmann::json& json, std::string_view sourc
     scaling->type = RopeScaling::Type::kLinear;
   } else if (type == "llama3") {
     scaling->type = RopeScaling::Type::kLlama3;
+  } else if (type == "yarn") {
+    scaling->type = RopeScaling::Type::kYarn;
   } else {
-    return reader.Error(type_key,
-                        absl::StrCat("'", type, "' is not supported (supported: linear, llama3)"));
+    return reader.Error(
+        type_key, absl::StrCat("'", type, "' is not supported (supported: linear, llama3, yarn)"));
   }
   RETURN_IF_ERROR(reader.Read("factor", Need::kRequired, &scaling->factor));
   RETURN_IF_ERROR(RequirePositive(reader, "factor", scaling->factor));
+  if (scaling->type == RopeScaling::Type::kYarn) return ParseYarn(reader, max_position_embeddings, scaling);
   if (scaling->type != RopeScaling::Type::kLlama3) return absl::OkStatus();
   RETURN_IF_ERROR(reader.Read("low_freq_factor", Need::kOptional, &scaling->low_freq_factor));
   RETURN_IF_ERROR(reader.Read("high_freq_factor", Need::kOptional, &scaling->high_freq_factor));
@@ -149,21 +186,95 @@ absl::Status CheckTokenId(const ConfigReader& reader, const std::string& key, in
                       absl::StrCat("id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
 }
 
+constexpr const char* kModelTypes[] = {"llama", "mistral", "mixtral", "qwen2", "qwen3",
+                                        "qwen3_moe"};
+
+// The mixture-of-experts keys of qwen3_moe and mixtral, with transformers' defaults.
+absl::Status ParseExperts(const ConfigReader& reader, ModelConfig* config) {
+  const bool mixtral = config->model_type == "mixtral";
+  config->moe_naming = mixtral ? MoeNaming::kMixtral : MoeNaming::kQwen3;
+  const std::string experts_key = mixtral ? "num_local_experts" : "num_experts";
+  config->num_experts = mixtral ? 8 : 128;
+  config->experts_per_token = mixtral ? 2 : 8;
+  RETURN_IF_ERROR(reader.Read(experts_key, Need::kOptional, &config->num_experts));
+  RETURN_IF_ERROR(RequirePositive(reader, experts_key, config->num_experts));
+  RETURN_IF_ERROR(
+      reader.Read("num_experts_per_tok", Need::kOptional, &config->experts_per_token));
+  if (config->experts_per_token < 1 || config->experts_per_token > config->num_experts) {
+    return reader.Error("num_experts_per_tok",
+                        absl::StrCat("must be in [1, ", experts_key, " = ", config->num_experts,
+                                     "], got ", config->experts_per_token));
+  }
+  config->sparse_layers.assign(config->num_layers, true);
+  if (mixtral) {  // Every layer is sparse; intermediate_size is each expert's.
+    config->moe_intermediate_size = config->intermediate_size;
+    config->norm_topk_prob = true;
+    return absl::OkStatus();
+  }
+  config->moe_intermediate_size = 768;
+  RETURN_IF_ERROR(
+      reader.Read("moe_intermediate_size", Need::kOptional, &config->moe_intermediate_size));
+  RETURN_IF_ERROR(
+      RequirePositive(reader, "moe_intermediate_size", config->moe_intermediate_size));
+  RETURN_IF_ERROR(reader.Read("norm_topk_prob", Need::kOptional, &config->norm_topk_prob));
+  // Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, and then only every
+  // decoder_sparse_step-th layer (1-based).
+  int step = 1;
+  RETURN_IF_ERROR(reader.Read("decoder_sparse_step", Need::kOptional, &step));
+  RETURN_IF_ERROR(RequirePositive(reader, "decoder_sparse_step", step));
+  std::vector<int> dense;
+  RETURN_IF_ERROR(reader.ReadIntList("mlp_only_layers", &dense));
+  for (int layer = 0; layer < config->num_layers; ++layer) {
+    config->sparse_layers[layer] = (layer + 1) % step == 0;
+  }
+  for (int layer : dense) {
+    if (layer < 0 || layer >= config->num_layers) {
+      return reader.Error("mlp_only_layers",
+                          absl::StrCat("layer ", layer, " is outside [0, num_hidden_layers = ",
+                                       config->num_layers, ")"));
+    }
+    config->sparse_layers[layer] = false;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-uint64_t ModelConfig::NumParameters() const {
-  const uint64_t hidden = hidden_size;
-  const uint64_t q_width = static_cast<uint64_t>(num_attention_heads) * head_dim;
-  const uint64_t kv_width = static_cast<uint64_t>(num_kv_heads) * head_dim;
+namespace {
+
+// Parameters of the model when each sparse layer has `experts` experts.
+uint64_t CountParameters(const ModelConfig& c, uint64_t experts) {
+  const uint64_t hidden = c.hidden_size;
+  const uint64_t q_width = static_cast<uint64_t>(c.num_attention_heads) * c.head_dim;
+  const uint64_t kv_width = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
   uint64_t attention = hidden * q_width + 2 * hidden * kv_width + q_width * hidden;
-  if (qkv_bias) attention += q_width + 2 * kv_width;
-  if (o_bias) attention += hidden;
-  const uint64_t mlp = 3 * hidden * intermediate_size;  // gate, up, down.
-  const uint64_t norms = 2 * hidden;                    // Before attention and before MLP.
-  const uint64_t embedding = static_cast<uint64_t>(vocab_size) * hidden;
-  const uint64_t lm_head = tie_word_embeddings ? 0 : embedding;
-  return embedding + num_layers * (attention + mlp + norms) + hidden + lm_head;
+  if (c.qkv_bias) attention += q_width + 2 * kv_width;
+  if (c.o_bias) attention += hidden;
+  if (c.qk_norm) attention += 2 * static_cast<uint64_t>(c.head_dim);
+  const uint64_t norms = 2 * hidden;  // Before attention and before the MLP.
+  uint64_t layers = 0;
+  for (int i = 0; i < c.num_layers; ++i) {
+    layers += attention + norms;
+    if (c.IsSparseLayer(i)) {  // Router, then gate, up and down of each expert.
+      layers += c.num_experts * hidden + experts * 3 * hidden * c.moe_intermediate_size;
+    } else {
+      layers += 3 * hidden * c.intermediate_size;
+    }
+  }
+  const uint64_t embedding = static_cast<uint64_t>(c.vocab_size) * hidden;
+  const uint64_t lm_head = c.tie_word_embeddings ? 0 : embedding;
+  return embedding + layers + hidden + lm_head;
 }
+
+}  // namespace
+
+uint64_t ModelConfig::NumParameters() const { return CountParameters(*this, num_experts); }
+
+uint64_t ModelConfig::NumActiveParameters() const {
+  return CountParameters(*this, experts_per_token);
+}
+
+std::string SupportedModelTypes() { return absl::StrJoin(kModelTypes, ", "); }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view source) {
   const nlohmann::json json =
@@ -175,11 +286,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
   ModelConfig config;
 
   RETURN_IF_ERROR(reader.Read("model_type", Need::kRequired, &config.model_type));
-  if (config.model_type != "llama" && config.model_type != "mistral" &&
-      config.model_type != "qwen2") {
+  if (absl::c_find(kModelTypes, config.model_type) == std::end(kModelTypes)) {
     return reader.Error("model_type", absl::StrCat("'", config.model_type,
-                                                   "' is not supported (llama, mistral, qwen2)"));
+                                                   "' is not supported (supported: ",
+                                                   SupportedModelTypes(), ")"));
   }
+  const bool qwen3 = config.model_type == "qwen3" || config.model_type == "qwen3_moe";
   if (reader.Has("architectures")) {
     const nlohmann::json& list = json["architectures"];
     if (!list.is_array() || list.empty() || !list[0].is_string()) {
@@ -215,6 +327,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
   if (reader.Has("head_dim")) {
     RETURN_IF_ERROR(reader.Read("head_dim", Need::kRequired, &config.head_dim));
     RETURN_IF_ERROR(RequirePositive(reader, "head_dim", config.head_dim));
+  } else if (config.model_type == "qwen3") {
+    config.head_dim = 128;  // Qwen3Config's default, whatever the hidden size.
   } else if (config.hidden_size % config.num_attention_heads != 0) {
     return reader.Error(
         "hidden_size",
@@ -222,6 +336,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
                      config.num_attention_heads, " and no head_dim is given"));
   } else {
     config.head_dim = config.hidden_size / config.num_attention_heads;
+  }
+  // RoPE rotates the two halves of a head against each other.
+  if (config.head_dim % 2 != 0) {
+    return reader.Error("head_dim", absl::StrCat("must be even, got ", config.head_dim));
+  }
+  if (reader.Has("hidden_act")) {
+    std::string act;
+    RETURN_IF_ERROR(reader.Read("hidden_act", Need::kRequired, &act));
+    if (act != "silu") {
+      return reader.Error("hidden_act", absl::StrCat("'", act, "' is not supported (silu)"));
+    }
   }
 
   RETURN_IF_ERROR(reader.Read("rms_norm_eps", Need::kOptional, &config.rms_norm_eps));
@@ -232,23 +357,34 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
     if (!json["rope_scaling"].is_object()) {
       return reader.Error("rope_scaling", "must be an object or null");
     }
-    RETURN_IF_ERROR(ParseRopeScaling(json["rope_scaling"], source, &config.rope_scaling));
+    RETURN_IF_ERROR(ParseRopeScaling(json["rope_scaling"], source, config.max_context_tokens,
+                                     &config.rope_scaling));
   }
   RETURN_IF_ERROR(reader.Read("tie_word_embeddings", Need::kOptional, &config.tie_word_embeddings));
   RETURN_IF_ERROR(reader.Read("torch_dtype", Need::kOptional, &config.torch_dtype));
 
-  if (config.model_type == "qwen2") {
+  const std::string& type = config.model_type;
+  if (type == "qwen2") {
     config.qkv_bias = true;
-  } else if (config.model_type == "llama") {
+  } else if (type == "llama" || qwen3) {
     bool attention_bias = false;
     RETURN_IF_ERROR(reader.Read("attention_bias", Need::kOptional, &attention_bias));
     config.qkv_bias = config.o_bias = attention_bias;
-  } else if (reader.Has("sliding_window")) {  // Mistral.
+  }
+  config.qk_norm = qwen3;
+  // Full attention is exact only inside a sliding window, so the window caps the context.
+  // Mistral and Mixtral slide when sliding_window is set; Qwen only with use_sliding_window.
+  bool slides = type == "mistral" || type == "mixtral";
+  if (type == "qwen2" || qwen3) {
+    RETURN_IF_ERROR(reader.Read("use_sliding_window", Need::kOptional, &slides));
+  }
+  if (slides && reader.Has("sliding_window")) {
     int sliding_window = 0;
     RETURN_IF_ERROR(reader.Read("sliding_window", Need::kRequired, &sliding_window));
     RETURN_IF_ERROR(RequirePositive(reader, "sliding_window", sliding_window));
     config.max_context_tokens = std::min(config.max_context_tokens, sliding_window);
   }
+  if (type == "qwen3_moe" || type == "mixtral") RETURN_IF_ERROR(ParseExperts(reader, &config));
 
   if (reader.Has("bos_token_id")) {
     RETURN_IF_ERROR(reader.Read("bos_token_id", Need::kRequired, &config.bos_token_id));
@@ -283,7 +419,7 @@ absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name) {
     c.head_dim = 128;
     c.max_context_tokens = 8192;
     c.rope_theta = 500000.0f;
-  } else if (name == "small") {
+  } else if (name == "small" || name == "qwen3-moe-small") {
     c.vocab_size = 8192;
     c.hidden_size = 768;
     c.intermediate_size = 2048;
@@ -293,6 +429,15 @@ absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name) {
     c.head_dim = 64;
     c.max_context_tokens = 4096;
     c.rope_theta = 500000.0f;
+    if (name == "qwen3-moe-small") {
+      c.architecture = "Qwen3MoeForCausalLM";
+      c.model_type = "qwen3_moe";
+      c.qk_norm = true;
+      c.num_experts = 128;
+      c.experts_per_token = 8;
+      c.moe_intermediate_size = c.intermediate_size / c.experts_per_token;
+      c.sparse_layers.assign(c.num_layers, true);
+    }
   } else if (name == "tiny") {
     c.vocab_size = 512;
     c.hidden_size = 64;
@@ -305,7 +450,8 @@ absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name) {
     c.torch_dtype = "float32";
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("no model shape \"", std::string(name), "\"; use llama3-8b, small or tiny"));
+        absl::StrCat("no model shape \"", std::string(name),
+                     "\"; use llama3-8b, small, qwen3-moe-small or tiny"));
   }
   return c;
 }

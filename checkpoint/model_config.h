@@ -1,5 +1,6 @@
-// The model's shape and numerics, parsed from a Hugging Face `config.json`
-// (Llama, Mistral and Qwen2 families).
+// The model's shape and numerics, parsed from a Hugging Face `config.json`: the
+// Llama-family decoders (Llama, Mistral, Qwen2, Qwen3) and their mixture-of-experts
+// relatives (Qwen3-MoE, Mixtral). docs/models.md lists what each supports.
 #pragma once
 
 #include <cstdint>
@@ -13,21 +14,35 @@ namespace conveyor {
 
 // How RoPE frequencies are rescaled for long contexts (`rope_scaling` in config.json).
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 };
+  enum class Type { kNone, kLinear, kLlama3, kYarn };
   Type type = Type::kNone;
   float factor = 1.0f;
   // Llama-3 only.
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
+  // Llama-3 and YaRN (YaRN's default: max_position_embeddings).
   int original_max_position_embeddings = 8192;
+  // YaRN only: the rotation counts bounding the interpolation ramp, whether its ends are
+  // rounded to whole dimensions, and the factor scaling cos and sin (transformers'
+  // attention_factor: given, or 0.1 ln(factor) + 1, or from mscale / mscale_all_dim).
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  bool truncate = true;
+  float attention_factor = 1.0f;
+};
+
+// Which tensor names a mixture-of-experts layer's router and experts have.
+enum class MoeNaming {
+  kQwen3,    // mlp.gate, mlp.experts.E.{gate,up,down}_proj.
+  kMixtral,  // block_sparse_moe.gate, block_sparse_moe.experts.E.{w1,w3,w2}.
 };
 
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM".
-  std::string model_type;    // "llama", "mistral" or "qwen2".
+  std::string model_type;    // One of SupportedModelTypes().
   int vocab_size = 0;
   int hidden_size = 0;
-  int intermediate_size = 0;
+  int intermediate_size = 0;  // Of the dense MLP layers (Mixtral has none).
   int num_layers = 0;
   int num_attention_heads = 0;
   int num_kv_heads = 0;  // == num_attention_heads without GQA.
@@ -41,15 +56,42 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   // Bias on the q/k/v projections (Qwen2; Llama's `attention_bias`).
   bool qkv_bias = false;
-  // Bias on the output projection (Llama's `attention_bias` only).
+  // Bias on the output projection (Llama's and Qwen3's `attention_bias`).
   bool o_bias = false;
+  // Qwen3: an RMSNorm over each head of q and of k (weights [head_dim]) before RoPE.
+  bool qk_norm = false;
+
+  // Mixture of experts (num_experts > 0): in the sparse layers the MLP is
+  // num_experts experts of moe_intermediate_size, a token's hidden state going through
+  // the experts_per_token with the highest router probability (softmax over the
+  // router's logits), their outputs summed weighted by those probabilities,
+  // renormalised to sum to 1 when norm_topk_prob.
+  int num_experts = 0;
+  int experts_per_token = 0;
+  int moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  MoeNaming moe_naming = MoeNaming::kQwen3;
+  // Per layer: whether its MLP is the sparse one ([num_layers]; empty when dense).
+  std::vector<bool> sparse_layers;
+
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype;  // As declared; informational.
 
+  bool IsSparseLayer(int layer) const {
+    return layer < static_cast<int>(sparse_layers.size()) && sparse_layers[layer];
+  }
+  bool HasExperts() const { return num_experts > 0; }
+
   // Total parameter count implied by the shapes above.
   uint64_t NumParameters() const;
+  // Parameters one token's forward pass reads: NumParameters less the experts it does
+  // not use (equal to it for a dense model).
+  uint64_t NumActiveParameters() const;
 };
+
+// The model_type values ParseModelConfig accepts, for messages: "llama, mistral, ...".
+std::string SupportedModelTypes();
 
 // Parses config.json text. `source` names the file in error messages.
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::string_view source);
@@ -58,8 +100,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
 // Shapes for random-weight models (benchmarks, cross-backend tests): "llama3-8b"
-// (Llama-3-8B's), "small" and "tiny" (tests/model_gen's presets). INVALID_ARGUMENT
-// naming the choices for any other name.
+// (Llama-3-8B's), "small" and "tiny" (tests/model_gen's presets) and "qwen3-moe-small":
+// Qwen3-30B-A3B's routing (128 experts, top 8, experts a third of the width) at the
+// width and depth of "small", whose dense MLP has exactly the active parameters of its
+// eight experts. INVALID_ARGUMENT naming the choices for any other name.
 absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name);
 
 }  // namespace conveyor

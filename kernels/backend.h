@@ -102,6 +102,14 @@ class Backend {
                                                                    int out_features,
                                                                    int in_features,
                                                                    const float* bias) = 0;
+  // PackLinear for a weight whose rounding could change a discrete choice (an MoE router:
+  // which experts a token goes to). Kept in float32 where the backend would narrow its
+  // weights below the activations' precision (the CPU's bf16 and int8 weights); elsewhere
+  // the same as PackLinear.
+  virtual absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearFullPrecision(
+      const float* weight, int out_features, int in_features, const float* bias) {
+    return PackLinear(weight, out_features, in_features, bias);
+  }
   // Copies a float32 host tensor into backend memory in the compute dtype (embeddings).
   virtual absl::StatusOr<void*> UploadCompute(const float* host, size_t count) = 0;
   // Copies a float32 host tensor into backend memory kept as float32 (norm weights, the
@@ -119,6 +127,18 @@ class Backend {
                           float eps, void* out) = 0;
   // out[n, out_features] = x[n, in_features] · Wᵀ (+ bias).
   virtual void Linear(const void* x, int n, const LinearWeight& weight, void* out) = 0;
+  // A grouped GEMM (the experts of a mixture-of-experts layer): rows [offsets[g],
+  // offsets[g + 1]) of x times weights[g], into the same rows of out, for g < num_groups.
+  // `offsets` is host memory, non-decreasing from 0; empty groups read nothing, so each
+  // weight is read once for all of its rows. The weights share their shapes. The default
+  // runs one Linear per group.
+  virtual void GroupedLinear(const void* x, const LinearWeight* const* weights, const int* offsets,
+                             int num_groups, void* out);
+  // Normalises each head of x in place: for t < n and h < num_heads, the head_dim values
+  // at x + t * row_stride + h * head_dim become RMSNorm(head) * weight (float32
+  // [head_dim]). Qwen3's norm of q and k.
+  virtual void HeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim,
+                           const void* weight, float eps) = 0;
   // Rotates q [n, num_heads, head_dim] and k [n, num_kv_heads, head_dim] in place by
   // each token's position (rotate-half convention), with cos/sin rows from `rope_table`
   // (float32 [max_positions, head_dim / 2] cos, then the same of sin). q and k may be strided:
@@ -137,6 +157,11 @@ class Backend {
   // out[i, :] = x[rows[i], :] for i < n_rows.
   virtual void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows,
                           void* out) = 0;
+  // out[t, :] = Σ_j weights[t * k + j] · rows[sources[t * k + j], :], summed in the order
+  // j = 0, 1, …, k-1, for t < n (an MoE layer combining a token's experts). `sources` and
+  // `weights` (float32) are in backend memory.
+  virtual void WeightedRowSum(const void* rows, int width, const int32_t* sources,
+                              const float* weights, int n, int k, void* out) = 0;
 
   // --- Graphs (optional: the CUDA backend's CUDA graphs) ------------------------------
   // Operations called between BeginCapture and EndCapture are recorded instead of run;
@@ -156,6 +181,19 @@ class Backend {
   // Forgets every graph (their pointers are about to be freed).
   virtual void DropGraphs() {}
 };
+
+inline void Backend::GroupedLinear(const void* x, const LinearWeight* const* weights,
+                                   const int* offsets, int num_groups, void* out) {
+  if (num_groups == 0) return;
+  const size_t in_bytes = weights[0]->in_features() * activation_bytes();
+  const size_t out_bytes = weights[0]->out_features() * activation_bytes();
+  for (int g = 0; g < num_groups; ++g) {
+    const int rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    Linear(static_cast<const char*>(x) + offsets[g] * in_bytes, rows, *weights[g],
+           static_cast<char*>(out) + offsets[g] * out_bytes);
+  }
+}
 
 // Owns backend memory: frees it through the backend that allocated it.
 struct BackendDeleter {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -51,8 +52,48 @@ std::vector<double> InverseFrequencies(const ModelConfig& c) {
       }
       break;
     }
+    case RopeScaling::Type::kYarn: {
+      // transformers' _compute_yarn_parameters: frequencies that rotate more than
+      // beta_fast times over the original context are kept, those under beta_slow are
+      // divided by factor, and a linear ramp over the dimensions between blends the two.
+      const double dim = c.head_dim;
+      const double base = c.rope_theta;
+      auto correction_dim = [&](double rotations) {
+        return dim * std::log(s.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
+               (2 * std::log(base));
+      };
+      double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+      if (s.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, dim - 1);
+      if (low == high) high += 0.001;  // No division by zero.
+      for (int i = 0; i < half; ++i) {
+        const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+        inv[i] = inv[i] / s.factor * ramp + inv[i] * (1 - ramp);
+      }
+      break;
+    }
   }
   return inv;
+}
+
+// The tensor names of layer `layer`'s router and expert `e`'s projections.
+struct ExpertNames {
+  std::string router, gate, up, down;
+};
+ExpertNames ExpertTensorNames(const ModelConfig& c, int layer, int e) {
+  if (c.moe_naming == MoeNaming::kMixtral) {
+    const std::string expert = absl::StrCat("block_sparse_moe.experts.", e, ".");
+    return {LayerName(layer, "block_sparse_moe.gate"), LayerName(layer, (expert + "w1").c_str()),
+            LayerName(layer, (expert + "w3").c_str()), LayerName(layer, (expert + "w2").c_str())};
+  }
+  const std::string expert = absl::StrCat("mlp.experts.", e, ".");
+  return {LayerName(layer, "mlp.gate"), LayerName(layer, (expert + "gate_proj").c_str()),
+          LayerName(layer, (expert + "up_proj").c_str()),
+          LayerName(layer, (expert + "down_proj").c_str())};
 }
 
 class CheckpointSource final : public WeightSource {
@@ -72,12 +113,14 @@ class CheckpointSource final : public WeightSource {
   std::unique_ptr<Checkpoint> ckpt_;
 };
 
-// Tensor parallelism splits heads and the MLP evenly; the vocabulary is padded instead.
+// Tensor parallelism splits heads, the MLP and every expert evenly; the vocabulary is
+// padded instead.
 absl::Status CheckShardable(const ModelConfig& c, int world) {
   for (const auto& [what, value] :
        {std::pair<const char*, int>{"num_attention_heads", c.num_attention_heads},
         {"num_key_value_heads", c.num_kv_heads},
-        {"intermediate_size", c.intermediate_size}}) {
+        {"intermediate_size", c.intermediate_size},
+        {"moe_intermediate_size", c.HasExperts() ? c.moe_intermediate_size : 0}}) {
     if (value % world != 0) {
       return absl::InvalidArgumentError(absl::StrCat("tensor parallelism over ", world,
                                                      " ranks needs ", what, " divisible by ", world,
@@ -128,6 +171,7 @@ LlamaModel::LlamaModel(ModelConfig config, kernels::Backend* backend, Communicat
   num_heads_ = config_.num_attention_heads / world;
   num_kv_heads_ = config_.num_kv_heads / world;
   ffn_ = config_.intermediate_size / world;
+  expert_ffn_ = config_.moe_intermediate_size / world;
   vocab_shard_ = (config_.vocab_size + world - 1) / world;
   vocab_begin_ = comm_->rank() * vocab_shard_;
 }
@@ -155,9 +199,10 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     weight_bytes_ += values.size() * (keep_f32 ? sizeof(float) : backend_->activation_bytes());
     return absl::OkStatus();
   };
-  auto upload_norm = [&](const std::string& name, BackendBuffer* out) -> absl::Status {
-    host.resize(hidden);
-    RETURN_IF_ERROR(weights.ReadF32(name, {hidden}, host.data()));
+  auto upload_norm = [&](const std::string& name, BackendBuffer* out,
+                         int64_t size) -> absl::Status {
+    host.resize(size);
+    RETURN_IF_ERROR(weights.ReadF32(name, {size}, host.data()));
     return upload(host, true, out);
   };
   // Reads rows [begin, end) of `name` (shape {rows} or {rows, cols}) into `out`; rows
@@ -213,6 +258,32 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     return finish(out, end - begin, with_bias);
   };
 
+  // A sparse layer: the whole router on every rank, this rank's slice of every expert.
+  auto load_experts = [&](int i, Layer* l) -> absl::Status {
+    const int64_t experts = c.num_experts, expert_ffn = c.moe_intermediate_size;
+    const std::string router = ExpertTensorNames(c, i, 0).router + ".weight";
+    host.resize(experts * hidden);
+    RETURN_IF_ERROR(weights.ReadF32(router, {experts, hidden}, host.data()));
+    ASSIGN_OR_RETURN(l->router, backend_->PackLinearFullPrecision(
+                                    host.data(), static_cast<int>(experts),
+                                    static_cast<int>(hidden), nullptr));
+    weight_bytes_ += l->router->size_bytes();
+    const int64_t begin = rank * static_cast<int64_t>(expert_ffn_);
+    const int64_t end = begin + expert_ffn_;
+    for (int e = 0; e < experts; ++e) {
+      const ExpertNames names = ExpertTensorNames(c, i, e);
+      ASSIGN_OR_RETURN(l->expert_gate_up.emplace_back(),
+                       pack_rows({{names.gate, expert_ffn, begin, end},
+                                  {names.up, expert_ffn, begin, end}},
+                                 hidden, false));
+      ASSIGN_OR_RETURN(l->expert_down.emplace_back(),
+                       pack_columns(names.down, hidden, expert_ffn, begin, end, false));
+      l->expert_gate_up_ptrs.push_back(l->expert_gate_up.back().get());
+      l->expert_down_ptrs.push_back(l->expert_down.back().get());
+    }
+    return absl::OkStatus();
+  };
+
   host.assign((vocab_shard_ + 1) * hidden, 0.0f);
   RETURN_IF_ERROR(read_rows("model.embed_tokens.weight", {vocab, hidden}, vocab_begin_,
                             vocab_begin_ + vocab_shard_, host.data()));
@@ -220,9 +291,13 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
   layers_.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
     Layer& l = layers_[i];
-    RETURN_IF_ERROR(upload_norm(LayerName(i, "input_layernorm.weight"), &l.input_norm));
-    RETURN_IF_ERROR(
-        upload_norm(LayerName(i, "post_attention_layernorm.weight"), &l.post_attention_norm));
+    RETURN_IF_ERROR(upload_norm(LayerName(i, "input_layernorm.weight"), &l.input_norm, hidden));
+    RETURN_IF_ERROR(upload_norm(LayerName(i, "post_attention_layernorm.weight"),
+                                &l.post_attention_norm, hidden));
+    if (c.qk_norm) {
+      RETURN_IF_ERROR(upload_norm(LayerName(i, "self_attn.q_norm.weight"), &l.q_norm, c.head_dim));
+      RETURN_IF_ERROR(upload_norm(LayerName(i, "self_attn.k_norm.weight"), &l.k_norm, c.head_dim));
+    }
     ASSIGN_OR_RETURN(
         l.qkv,
         pack_rows(
@@ -233,6 +308,10 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     ASSIGN_OR_RETURN(l.o,
                      pack_columns(LayerName(i, "self_attn.o_proj"), hidden, q_dim, rank * q_local,
                                   (rank + 1) * q_local, c.o_bias && rank == 0));
+    if (c.IsSparseLayer(i)) {
+      RETURN_IF_ERROR(load_experts(i, &l));
+      continue;
+    }
     ASSIGN_OR_RETURN(
         l.gate_up,
         pack_rows({{LayerName(i, "mlp.gate_proj"), ffn, rank * ffn_local, (rank + 1) * ffn_local},
@@ -241,7 +320,7 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     ASSIGN_OR_RETURN(l.down, pack_columns(LayerName(i, "mlp.down_proj"), hidden, ffn,
                                           rank * ffn_local, (rank + 1) * ffn_local, false));
   }
-  RETURN_IF_ERROR(upload_norm("model.norm.weight", &final_norm_));
+  RETURN_IF_ERROR(upload_norm("model.norm.weight", &final_norm_, hidden));
   const bool tied = c.tie_word_embeddings || !weights.Contains("lm_head.weight");
   ASSIGN_OR_RETURN(lm_head_, pack_rows({{tied ? "model.embed_tokens" : "lm_head", vocab,
                                          vocab_begin_, vocab_begin_ + vocab_shard_}},
@@ -253,13 +332,17 @@ absl::Status LlamaModel::BuildRopeTable() {
   const int half = config_.head_dim / 2;
   const int positions = config_.max_context_tokens;
   const std::vector<double> inv = InverseFrequencies(config_);
+  // YaRN scales cos and sin (so both q and k: the attention logits by its square).
+  const double scale = config_.rope_scaling.type == RopeScaling::Type::kYarn
+                           ? config_.rope_scaling.attention_factor
+                           : 1.0;
   std::vector<float> table(2 * static_cast<size_t>(positions) * half);
   float* sin_part = table.data() + static_cast<size_t>(positions) * half;
   for (int p = 0; p < positions; ++p) {
     for (int i = 0; i < half; ++i) {
       const double angle = p * inv[i];
-      table[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(angle));
-      sin_part[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(angle));
+      table[static_cast<size_t>(p) * half + i] = static_cast<float>(scale * std::cos(angle));
+      sin_part[static_cast<size_t>(p) * half + i] = static_cast<float>(scale * std::sin(angle));
     }
   }
   ASSIGN_OR_RETURN(void* ptr, backend_->UploadF32(table.data(), table.size()));
@@ -410,6 +493,11 @@ absl::Status LlamaModel::Compute(const int32_t* ids, const kernels::AttentionBat
                    c.rms_norm_eps, normed_.get());
     }
     b.Linear(normed_.get(), n, *l.qkv, qkv);
+    if (c.qk_norm) {
+      b.HeadRmsNorm(qkv, n, qkv_width, num_heads_, c.head_dim, l.q_norm.get(), c.rms_norm_eps);
+      b.HeadRmsNorm(k_part, n, qkv_width, num_kv_heads_, c.head_dim, l.k_norm.get(),
+                    c.rms_norm_eps);
+    }
     b.Rope(qkv, k_part, n, qkv_width, attn.token_pos, rope_table_.get(), c.max_context_tokens,
            shape);
     b.WriteKv(k_part, v_part, n, qkv_width, attn.slot_mapping, shape, cache.layer(i));
@@ -418,9 +506,13 @@ absl::Status LlamaModel::Compute(const int32_t* ids, const kernels::AttentionBat
     RETURN_IF_ERROR(comm_->AllReduceSum(projected_.get(), hidden_count));
     b.AddRmsNorm(residual_.get(), projected_.get(), l.post_attention_norm.get(), n, c.hidden_size,
                  c.rms_norm_eps, normed_.get());
-    b.Linear(normed_.get(), n, *l.gate_up, gate_up_.get());
-    b.SiluMul(gate_up_.get(), n, ffn_, mlp_.get());
-    b.Linear(mlp_.get(), n, *l.down, projected_.get());
+    if (l.router != nullptr) {
+      RETURN_IF_ERROR(MixtureOfExperts(l, n));
+    } else {
+      b.Linear(normed_.get(), n, *l.gate_up, gate_up_.get());
+      b.SiluMul(gate_up_.get(), n, ffn_, mlp_.get());
+      b.Linear(mlp_.get(), n, *l.down, projected_.get());
+    }
     RETURN_IF_ERROR(comm_->AllReduceSum(projected_.get(), hidden_count));
   }
   if (rows == 0) return absl::OkStatus();
@@ -434,6 +526,93 @@ absl::Status LlamaModel::Compute(const int32_t* ids, const kernels::AttentionBat
   return comm_->AllGather(logits_.get(), slice);
 }
 
+absl::Status LlamaModel::ReserveExperts(int n) {
+  if (n <= reserved_expert_tokens_) return absl::OkStatus();
+  const ModelConfig& c = config_;
+  const size_t tokens = std::max(n, 2 * reserved_expert_tokens_);
+  const size_t rows = tokens * c.experts_per_token;
+  const size_t e = backend_->activation_bytes();
+  ASSIGN_OR_RETURN(expert_in_, kernels::AllocateBuffer(backend_, rows * c.hidden_size * e));
+  ASSIGN_OR_RETURN(expert_gate_up_,
+                   kernels::AllocateBuffer(backend_, rows * 2 * expert_ffn_ * e));
+  ASSIGN_OR_RETURN(expert_act_, kernels::AllocateBuffer(backend_, rows * expert_ffn_ * e));
+  ASSIGN_OR_RETURN(expert_out_, kernels::AllocateBuffer(backend_, rows * c.hidden_size * e));
+  ASSIGN_OR_RETURN(router_logits_,
+                   kernels::AllocateBuffer(backend_, tokens * c.num_experts * e));
+  ASSIGN_OR_RETURN(routing_, kernels::AllocateBuffer(backend_, 3 * rows * sizeof(int32_t)));
+  reserved_expert_tokens_ = static_cast<int>(tokens);
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::MixtureOfExperts(const Layer& l, int n) {
+  const ModelConfig& c = config_;
+  const int experts = c.num_experts, k = c.experts_per_token;
+  const size_t rows = static_cast<size_t>(n) * k;
+  kernels::Backend& b = *backend_;
+  RETURN_IF_ERROR(ReserveExperts(n));
+  b.Linear(normed_.get(), n, *l.router, router_logits_.get());
+  host_router_logits_.resize(static_cast<size_t>(n) * experts);
+  b.CopyActivationsToHost(host_router_logits_.data(), router_logits_.get(),
+                          host_router_logits_.size());
+  RETURN_IF_ERROR(b.Synchronize());
+
+  // Each token's experts: softmax in float, the k most probable (ties to the lower
+  // index), renormalised if asked; then listed in ascending expert order, the order
+  // their outputs are summed in.
+  host_routing_.resize(2 * rows);
+  host_expert_weights_.resize(rows);
+  int32_t* gather = host_routing_.data();
+  int32_t* sources = gather + rows;
+  float* weights = host_expert_weights_.data();
+  std::vector<int> chosen(rows);
+  std::vector<int> order(experts);
+  std::vector<float> probs(experts);
+  expert_offsets_.assign(experts + 1, 0);
+  for (int t = 0; t < n; ++t) {
+    const float* logits = host_router_logits_.data() + static_cast<size_t>(t) * experts;
+    const float max = *std::max_element(logits, logits + experts);
+    float sum = 0;
+    for (int e = 0; e < experts; ++e) sum += probs[e] = std::exp(logits[e] - max);
+    for (int e = 0; e < experts; ++e) probs[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+      return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+    });
+    float top_sum = 0;
+    for (int j = 0; j < k; ++j) top_sum += probs[order[j]];
+    std::sort(order.begin(), order.begin() + k);
+    for (int j = 0; j < k; ++j) {
+      const int e = order[j];
+      chosen[static_cast<size_t>(t) * k + j] = e;
+      weights[static_cast<size_t>(t) * k + j] = c.norm_topk_prob ? probs[e] / top_sum : probs[e];
+      ++expert_offsets_[e + 1];
+    }
+  }
+  // The (token, expert) pairs grouped by expert, tokens in order within each group.
+  for (int e = 0; e < experts; ++e) expert_offsets_[e + 1] += expert_offsets_[e];
+  std::vector<int> fill(expert_offsets_.begin(), expert_offsets_.end() - 1);
+  for (size_t i = 0; i < rows; ++i) {
+    const int slot = fill[chosen[i]]++;
+    gather[slot] = static_cast<int32_t>(i / k);
+    sources[i] = slot;
+  }
+  int32_t* device = static_cast<int32_t*>(routing_.get());
+  b.CopyToBackend(device, host_routing_.data(), host_routing_.size() * sizeof(int32_t));
+  float* device_weights = reinterpret_cast<float*>(device + 2 * rows);
+  b.CopyToBackend(device_weights, weights, rows * sizeof(float));
+
+  const int m = static_cast<int>(rows);
+  b.GatherRows(normed_.get(), c.hidden_size, device, m, expert_in_.get());
+  b.GroupedLinear(expert_in_.get(), l.expert_gate_up_ptrs.data(), expert_offsets_.data(), experts,
+                  expert_gate_up_.get());
+  b.SiluMul(expert_gate_up_.get(), m, expert_ffn_, expert_act_.get());
+  b.GroupedLinear(expert_act_.get(), l.expert_down_ptrs.data(), expert_offsets_.data(), experts,
+                  expert_out_.get());
+  b.WeightedRowSum(expert_out_.get(), c.hidden_size, device + rows, device_weights, n, k,
+                   projected_.get());
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::EnableDecodeGraphs(int max_batch) {
   if (!backend_->supports_graphs()) {
     return absl::UnimplementedError(absl::StrCat(backend_->name(), " has no graphs"));
@@ -445,7 +624,8 @@ absl::Status LlamaModel::EnableDecodeGraphs(int max_batch) {
 
 bool LlamaModel::GraphEligible(const ForwardBatch& batch, const KvCache& cache) const {
   const int n = batch.num_tokens();
-  if (graph_max_batch_ == 0 || n == 0 || n > graph_max_batch_ || batch.num_seqs != n ||
+  // An MoE layer routes on the host, in the middle of the pass.
+  if (graph_max_batch_ == 0 || config_.HasExperts() || n == 0 || n > graph_max_batch_ || batch.num_seqs != n ||
       static_cast<int>(batch.logit_rows.size()) != n) {
     return false;
   }

@@ -1,16 +1,27 @@
-// A Llama-family decoder (Llama, Mistral, Qwen2) on one backend: its weights, its RoPE
-// table, and the forward pass over a flat batch that mixes prefill chunks and decode
-// tokens of different sequences, reading and writing the paged KV cache.
+// A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, and the mixture-of-experts
+// Qwen3-MoE and Mixtral) on one backend: its weights, its RoPE table, and the forward
+// pass over a flat batch that mixes prefill chunks and decode tokens of different
+// sequences, reading and writing the paged KV cache.
+//
+// A mixture-of-experts layer (docs/models.md): the router's logits come to the host,
+// which picks each token's experts (softmax in float, top k, ties to the lower index)
+// and sorts the (token, expert) pairs by expert; the backend gathers the tokens' rows in
+// that order, runs every expert on its rows in one grouped GEMM (each expert's weights
+// read once per step, however many of the batch's tokens chose it), and sums each
+// token's expert outputs in ascending expert order, weighted. Every step of that is a
+// function of the token alone, so the layer is batch-invariant like the rest.
 //
 // Tensor parallelism (Megatron-style): with a communicator of W ranks, rank r holds
 //  - its 1/W of the attention heads: q and kv heads in the fused QKV (column-parallel),
 //    the matching input columns of o_proj (row-parallel, then all-reduce; bias on rank 0);
 //  - its 1/W of the MLP: gate/up rows (column-parallel), down_proj columns (row-parallel,
-//    then all-reduce);
+//    then all-reduce); in an MoE layer, 1/W of every expert so (each expert sharded, not
+//    experts spread over ranks: every rank does the same share of any routing, and the
+//    layer needs only the dense layer's one all-reduce), with the router on every rank;
 //  - its 1/W of the vocabulary (ceil, the last shard padded with zeros): embedding rows
 //    (other ranks' tokens embed to zero, then all-reduce) and LM head rows, whose logits
 //    are all-gathered so that every rank holds the full logits and samples identically.
-// Attention heads, KV heads and the intermediate size must divide by W.
+// Attention heads, KV heads and the intermediate sizes must divide by W.
 #pragma once
 
 #include <cstdint>
@@ -130,9 +141,16 @@ class LlamaModel {
     kernels::BackendBuffer input_norm;
     kernels::BackendBuffer post_attention_norm;
     std::unique_ptr<kernels::LinearWeight> qkv;  // Fused [q; k; v].
+    kernels::BackendBuffer q_norm, k_norm;       // Qwen3: float32 [head_dim] each.
     std::unique_ptr<kernels::LinearWeight> o;
+    // Dense layers: the MLP.
     std::unique_ptr<kernels::LinearWeight> gate_up;  // Fused [gate; up].
     std::unique_ptr<kernels::LinearWeight> down;
+    // Sparse layers: the router (float32 where the backend allows) and each expert's
+    // fused [gate; up] and down, as raw pointers too for GroupedLinear.
+    std::unique_ptr<kernels::LinearWeight> router;
+    std::vector<std::unique_ptr<kernels::LinearWeight>> expert_gate_up, expert_down;
+    std::vector<const kernels::LinearWeight*> expert_gate_up_ptrs, expert_down_ptrs;
   };
 
   LlamaModel(ModelConfig config, kernels::Backend* backend, Communicator* comm);
@@ -143,6 +161,11 @@ class LlamaModel {
   // The forward pass after the metadata upload: what a graph captures.
   absl::Status Compute(const int32_t* ids, const kernels::AttentionBatch& attn,
                        const int32_t* logit_rows, int rows, const KvCache& cache);
+  // The sparse MLP of layer `l` on normed_'s n rows, into projected_ (before the
+  // all-reduce). Waits for the router's logits on the host: no graph can capture it.
+  absl::Status MixtureOfExperts(const Layer& l, int n);
+  // Grows the MoE scratch to n tokens' expert rows.
+  absl::Status ReserveExperts(int n);
   // Whether `batch` is a decode step a graph can run.
   bool GraphEligible(const ForwardBatch& batch, const KvCache& cache) const;
   absl::StatusOr<DeviceLogits> ForwardGraph(const ForwardBatch& batch, const KvCache& cache);
@@ -151,9 +174,10 @@ class LlamaModel {
   kernels::Backend* backend_;
   std::unique_ptr<Communicator> own_comm_;  // The single-rank one when none was given.
   Communicator* comm_;
-  // This rank's share: heads, intermediate size, vocabulary rows [vocab_begin_,
-  // vocab_begin_ + vocab_shard_) (the last shard may reach past vocab_size: zeros).
-  int num_heads_, num_kv_heads_, ffn_, vocab_shard_, vocab_begin_;
+  // This rank's share: heads, intermediate sizes (dense, each expert), vocabulary rows
+  // [vocab_begin_, vocab_begin_ + vocab_shard_) (the last shard may reach past
+  // vocab_size: zeros).
+  int num_heads_, num_kv_heads_, ffn_, expert_ffn_, vocab_shard_, vocab_begin_;
   size_t weight_bytes_ = 0;
 
   // [vocab_shard + 1, hidden]: this rank's rows, then a zero row that tokens of other
@@ -174,6 +198,18 @@ class LlamaModel {
   kernels::BackendBuffer metadata_;  // Token ids, seqs, positions, slots, tables, rows.
   std::vector<int32_t> shard_ids_;   // Token ids as rows of embedding_.
   std::vector<float> gathered_;      // logits_ on the host, before reordering.
+
+  // MoE scratch, grown on demand: for n tokens with k experts each, the gathered rows
+  // [n*k, hidden], the experts' gate/up [n*k, 2*expert_ffn] and activations
+  // [n*k, expert_ffn], their outputs [n*k, hidden], the router's logits [n, experts], and
+  // the routing as backend metadata (gather order, sources, weights) and on the host.
+  int reserved_expert_tokens_ = 0;
+  kernels::BackendBuffer expert_in_, expert_gate_up_, expert_act_, expert_out_, router_logits_;
+  kernels::BackendBuffer routing_;
+  std::vector<float> host_router_logits_;
+  std::vector<int32_t> host_routing_;  // Gather order [n*k], then sources [n*k].
+  std::vector<float> host_expert_weights_;  // [n*k]; routing_ holds them after the ints.
+  std::vector<int> expert_offsets_;    // [experts + 1].
 
   // Decode graphs (EnableDecodeGraphs): ids by padded (batch, table width), their fixed
   // metadata buffer and the cache they were captured against.

@@ -116,22 +116,12 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinear(const float* weight, int out, int in,
                                                            const float* bias) override {
-    PackedGemmWeight packed;
-    packed.panels = AlignedBytes(PackedGemmPanelBytes(weight_type_, out, in));
-    const size_t scale_bytes = PackedGemmScaleBytes(weight_type_, out);
-    packed.scales = scale_bytes > 0 ? static_cast<float*>(AlignedBytes(scale_bytes)) : nullptr;
-    float* bias_copy = bias != nullptr ? AlignedFloats(out) : nullptr;
-    if (packed.panels == nullptr || (scale_bytes > 0 && packed.scales == nullptr) ||
-        (bias != nullptr && bias_copy == nullptr)) {
-      std::free(packed.panels);
-      std::free(packed.scales);
-      std::free(bias_copy);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate a ", out, "x", in, " weight"));
-    }
-    PackGemmWeightAs(weight_type_, weight, out, in, &packed);
-    if (bias != nullptr) std::memcpy(bias_copy, bias, out * sizeof(float));
-    return std::make_unique<CpuLinearWeight>(packed, bias_copy);
+    return PackAs(weight_type_, weight, out, in, bias);
+  }
+  absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearFullPrecision(const float* weight,
+                                                                        int out, int in,
+                                                                        const float* bias) override {
+    return PackAs(CpuWeightDtype::kF32, weight, out, in, bias);
   }
 
   // Compute dtype is float32, so both uploads are plain copies.
@@ -179,6 +169,49 @@ class CpuBackend final : public Backend {
     const auto& w = static_cast<const CpuLinearWeight&>(weight);
     GemmPackedAs(static_cast<const float*>(x), w.in_features(), n, w.packed(), w.bias(),
                  static_cast<float*>(out), w.out_features(), &pool_);
+  }
+
+  // Each group's GEMM on one thread when there are enough groups to share out (an MoE
+  // layer's experts, each with a few rows at decode); otherwise the groups one after
+  // another, each split over the pool. Either way a row's result is GemmPackedAs's, which
+  // does not depend on the threads or the rows around it.
+  void GroupedLinear(const void* x, const LinearWeight* const* weights, const int* offsets,
+                     int num_groups, void* out) override {
+    if (num_groups == 0) return;
+    const int in = weights[0]->in_features();
+    const int out_width = weights[0]->out_features();
+    const float* xs = static_cast<const float*>(x);
+    float* ys = static_cast<float*>(out);
+    auto run = [&](int g, ThreadPool* pool) {
+      const int rows = offsets[g + 1] - offsets[g];
+      if (rows == 0) return;
+      const auto& w = static_cast<const CpuLinearWeight&>(*weights[g]);
+      GemmPackedAs(xs + static_cast<size_t>(offsets[g]) * in, in, rows, w.packed(), w.bias(),
+                   ys + static_cast<size_t>(offsets[g]) * out_width, out_width, pool);
+    };
+    int used = 0;
+    for (int g = 0; g < num_groups; ++g) used += offsets[g + 1] > offsets[g] ? 1 : 0;
+    if (used < 2 * pool_.num_threads()) {
+      for (int g = 0; g < num_groups; ++g) run(g, &pool_);
+      return;
+    }
+    pool_.ParallelFor(num_groups, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) run(static_cast<int>(g), nullptr);
+    });
+  }
+
+  void HeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim,
+                   const void* weight, float eps) override {
+    float* xs = static_cast<float*>(x);
+    const float* w = static_cast<const float*>(weight);
+    pool_.ParallelFor(n, RowGrain(int64_t{num_heads} * head_dim), [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        for (int h = 0; h < num_heads; ++h) {
+          float* head = xs + t * row_stride + static_cast<int64_t>(h) * head_dim;
+          row_kernels_.rms_norm(head, w, head_dim, eps, head);
+        }
+      }
+    });
   }
 
   void Rope(void* q, void* k, int n, int row_stride, const int32_t* positions,
@@ -231,7 +264,44 @@ class CpuBackend final : public Backend {
     CopyRows(static_cast<const float*>(x), hidden, rows, n_rows, static_cast<float*>(out));
   }
 
+  void WeightedRowSum(const void* rows, int width, const int32_t* sources, const float* weights,
+                      int n, int k, void* out) override {
+    const float* src = static_cast<const float*>(rows);
+    float* o = static_cast<float*>(out);
+    pool_.ParallelFor(n, RowGrain(int64_t{k + 1} * width), [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        float* y = o + t * width;
+        std::fill(y, y + width, 0.0f);
+        for (int j = 0; j < k; ++j) {
+          const float w = weights[t * k + j];
+          const float* r = src + static_cast<size_t>(sources[t * k + j]) * width;
+          for (int i = 0; i < width; ++i) y[i] += w * r[i];
+        }
+      }
+    });
+  }
+
  private:
+  absl::StatusOr<std::unique_ptr<LinearWeight>> PackAs(CpuWeightDtype type, const float* weight,
+                                                       int out, int in, const float* bias) {
+    PackedGemmWeight packed;
+    packed.panels = AlignedBytes(PackedGemmPanelBytes(type, out, in));
+    const size_t scale_bytes = PackedGemmScaleBytes(type, out);
+    packed.scales = scale_bytes > 0 ? static_cast<float*>(AlignedBytes(scale_bytes)) : nullptr;
+    float* bias_copy = bias != nullptr ? AlignedFloats(out) : nullptr;
+    if (packed.panels == nullptr || (scale_bytes > 0 && packed.scales == nullptr) ||
+        (bias != nullptr && bias_copy == nullptr)) {
+      std::free(packed.panels);
+      std::free(packed.scales);
+      std::free(bias_copy);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate a ", out, "x", in, " weight"));
+    }
+    PackGemmWeightAs(type, weight, out, in, &packed);
+    if (bias != nullptr) std::memcpy(bias_copy, bias, out * sizeof(float));
+    return std::make_unique<CpuLinearWeight>(packed, bias_copy);
+  }
+
   // out[c * stride] = in[c] for c < n, as T (bf16: rounded to nearest even).
   template <typename T>
   static void Narrow(const float* in, int n, T* out, ptrdiff_t stride) {

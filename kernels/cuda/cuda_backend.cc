@@ -108,6 +108,10 @@ class CudaBackendImpl final : public CudaBackend {
                       const AttentionShape& shape, KvLayer layer, void* out) override;
   void SiluMul(const void* gate_up, int n, int ffn, void* out) override;
   void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows, void* out) override;
+  void HeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim, const void* weight,
+                   float eps) override;
+  void WeightedRowSum(const void* rows, int width, const int32_t* sources, const float* weights,
+                      int n, int k, void* out) override;
 
   bool supports_graphs() const override { return true; }
   absl::Status BeginCapture() override;
@@ -431,6 +435,22 @@ void CudaBackendImpl::GatherRows(const void* x, int hidden, const int32_t* rows,
   Activate();
   RecordCuda(cuda::LaunchGatherRows(x, hidden, rows, n_rows, out, dtype_, stream_),
              "GatherRows launch");
+}
+
+void CudaBackendImpl::HeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim,
+                                  const void* weight, float eps) {
+  Activate();
+  RecordCuda(cuda::LaunchHeadRmsNorm(x, n, row_stride, num_heads, head_dim,
+                                     static_cast<const float*>(weight), eps, dtype_, stream_),
+             "HeadRmsNorm launch");
+}
+
+void CudaBackendImpl::WeightedRowSum(const void* rows, int width, const int32_t* sources,
+                                     const float* weights, int n, int k, void* out) {
+  Activate();
+  RecordCuda(
+      cuda::LaunchWeightedRowSum(rows, width, sources, weights, n, k, out, dtype_, stream_),
+      "WeightedRowSum launch");
 }
 
 absl::Status CudaBackendImpl::BeginCapture() {

@@ -39,6 +39,11 @@ cudaError_t LaunchGatherRows(const void* table, int hidden, const int32_t* rows,
 cudaError_t LaunchWriteKv(const void* k, const void* v, int n, int row_stride, int width,
                           const int32_t* slot_mapping, void* cache_k, void* cache_v, DType dtype,
                           cudaStream_t stream);
+// out[t, :] = Σ_j weights[t*k + j] · rows[sources[t*k + j], :] for t < n, summed in float32
+// in the order j = 0..k-1 (an MoE layer's combine).
+cudaError_t LaunchWeightedRowSum(const void* rows, int width, const int32_t* sources,
+                                 const float* weights, int n, int k, void* out, DType dtype,
+                                 cudaStream_t stream);
 
 // --- Normalization (norm_kernels.cu) -------------------------------------------------
 // out = x * rsqrt(mean(x²) + eps) * weight per row of [n, hidden]; weight is float32.
@@ -47,6 +52,10 @@ cudaError_t LaunchRmsNorm(const void* x, const float* weight, int n, int hidden,
 // residual = T(residual + x); out = RmsNorm(residual) * weight, one pass per row.
 cudaError_t LaunchAddRmsNorm(void* residual, const void* x, const float* weight, int n, int hidden,
                              float eps, void* out, DType dtype, cudaStream_t stream);
+// RmsNorm in place over each head_dim-long head of x: heads [num_heads] of row t start at
+// t * row_stride elements (Qwen3's q and k norms); weight is float32 [head_dim].
+cudaError_t LaunchHeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim,
+                              const float* weight, float eps, DType dtype, cudaStream_t stream);
 
 // --- Position encoding (rope_kernels.cu) ----------------------------------------------
 // Rotate-half RoPE in place on q [n, num_heads, head_dim] and k [n, num_kv_heads,

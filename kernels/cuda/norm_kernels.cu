@@ -69,7 +69,40 @@ cudaError_t LaunchNorm(void* residual, const void* x, const float* weight, int n
   });
 }
 
+// One warp per (token, head): lane i sums the squares of elements i, i + 32, ... in
+// float32, a fixed warp reduction combines them, then the head is scaled in place.
+template <typename T>
+__global__ void HeadRmsNormKernel(T* __restrict__ x, int row_stride, int num_heads, int head_dim,
+                                  const float* __restrict__ weight, float eps) {
+  const int head = blockIdx.y * blockDim.y + threadIdx.y;
+  if (head >= num_heads) return;
+  T* h = x + static_cast<size_t>(blockIdx.x) * row_stride + static_cast<size_t>(head) * head_dim;
+  float sum_squares = 0.0f;
+  for (int c = threadIdx.x; c < head_dim; c += 32) {
+    const float v = ToFloat(h[c]);
+    sum_squares += v * v;
+  }
+  const float inv_rms = 1.0f / sqrtf(WarpSum(sum_squares) / head_dim + eps);
+  for (int c = threadIdx.x; c < head_dim; c += 32) {
+    h[c] = FromFloat<T>(ToFloat(h[c]) * inv_rms * weight[c]);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchHeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim,
+                              const float* weight, float eps, DType dtype, cudaStream_t stream) {
+  if (n <= 0 || num_heads <= 0 || head_dim <= 0) return cudaSuccess;
+  return DispatchDType(dtype, [&](auto t) {
+    using T = decltype(t);
+    constexpr int kHeadsPerBlock = 4;
+    const dim3 block(32, kHeadsPerBlock);
+    const dim3 grid(n, (num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
+    HeadRmsNormKernel<T><<<grid, block, 0, stream>>>(static_cast<T*>(x), row_stride, num_heads,
+                                                     head_dim, weight, eps);
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t LaunchRmsNorm(const void* x, const float* weight, int n, int hidden, float eps,
                           void* out, DType dtype, cudaStream_t stream) {

@@ -39,7 +39,37 @@ __global__ void WriteKvKernel(const T* __restrict__ k, const T* __restrict__ v, 
   }
 }
 
+// One block per token: each thread owns columns c, c + blockDim.x, ... and sums the
+// token's k weighted rows into them in order j = 0..k-1, in float32.
+template <typename T>
+__global__ void WeightedRowSumKernel(const T* __restrict__ rows, int width,
+                                     const int32_t* __restrict__ sources,
+                                     const float* __restrict__ weights, int k, T* __restrict__ out) {
+  const int t = blockIdx.x;
+  T* dst = out + static_cast<size_t>(t) * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const size_t src = static_cast<size_t>(sources[t * k + j]) * width;
+      sum += weights[t * k + j] * ToFloat(rows[src + c]);
+    }
+    dst[c] = FromFloat<T>(sum);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchWeightedRowSum(const void* rows, int width, const int32_t* sources,
+                                 const float* weights, int n, int k, void* out, DType dtype,
+                                 cudaStream_t stream) {
+  if (n <= 0 || width <= 0) return cudaSuccess;
+  return DispatchDType(dtype, [&](auto t) {
+    using T = decltype(t);
+    WeightedRowSumKernel<T><<<n, kThreads, 0, stream>>>(static_cast<const T*>(rows), width, sources,
+                                                        weights, k, static_cast<T*>(out));
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t LaunchGatherRows(const void* table, int hidden, const int32_t* rows, int n, void* out,
                              DType dtype, cudaStream_t stream) {

@@ -94,6 +94,14 @@ class FaultyBackend final : public kernels::Backend {
   void GatherRows(const void* x, int hidden, const int32_t* rows, int n_rows, void* out) override {
     inner_->GatherRows(x, hidden, rows, n_rows, out);
   }
+  void HeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim, const void* w,
+                   float eps) override {
+    inner_->HeadRmsNorm(x, n, row_stride, num_heads, head_dim, w, eps);
+  }
+  void WeightedRowSum(const void* rows, int width, const int32_t* sources, const float* weights,
+                      int n, int k, void* out) override {
+    inner_->WeightedRowSum(rows, width, sources, weights, n, k, out);
+  }
 
  private:
   std::unique_ptr<kernels::Backend> inner_;
