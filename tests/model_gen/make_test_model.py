@@ -1,6 +1,11 @@
 #!/usr/bin/python3
 """Writes a random-weight Llama-family checkpoint in Hugging Face layout, for tests.
 
+Model types: llama, mistral, qwen2 (dense; differ in which biases exist), qwen3 (adds
+per-head q/k RMSNorm), qwen3_moe (qwen3 attention; sparse MoE MLPs on the layers that
+decoder_sparse_step and mlp_only_layers select, dense MLPs on the others) and mixtral
+(every layer a sparse MoE under `block_sparse_moe`, experts w1/w3/w2).
+
 The output directory gets `config.json`, the weights as safetensors (one file, or
 `--shards N` files plus `model.safetensors.index.json`) and a sentencepiece BPE
 `tokenizer.model` trained by `spm_train` on `corpus.txt` next to this script. The
@@ -16,7 +21,10 @@ embeddings ~ N(0, 1); projections ~ N(0, 1/fan_in); biases ~ N(0, 0.2^2); norm w
 1 + N(0, 0.1^2); untied lm_head ~ N(0, 16/hidden) (logits of std ~4). Tied, the final
 norm's weights are instead +-4/sqrt(hidden) * (1 + N(0, 0.1^2)) with random signs: with
 all-positive weights a token's own embedding dominates its logits (e.e > e.e') and greedy
-decoding repeats it forever; random signs make that self term average out.
+decoding repeats it forever; random signs make that self term average out. MoE routers
+~ N(0, 4/hidden): router logits of std ~2, spread enough that the k-th and (k+1)-th
+expert are seldom near a tie that float32 could break the other way, not so peaked that
+the k-th expert's weight vanishes.
 
 Example:
   /usr/bin/python3 tests/model_gen/make_test_model.py --preset tiny --out /tmp/tiny
@@ -48,7 +56,9 @@ PRESETS = {
 }
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "mistral": "MistralForCausalLM"}
+                 "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+MOE_TYPES = ("qwen3_moe", "mixtral")
 TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 SAFETENSORS_DTYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
 BYTES_PER_ELEMENT = {"f32": 4, "f16": 2, "bf16": 2}
@@ -60,6 +70,12 @@ ROPE_SCALING = {
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     "linear": {"rope_type": "linear", "factor": 2.0},
+    # YaRN as Qwen3 documents it (factor, original_max_position_embeddings; beta_fast 32,
+    # beta_slow 1 and the attention factor 0.1 ln(factor) + 1 by default). The small
+    # original context puts the ramp between kept and interpolated frequencies inside
+    # head_dim. max_position_embeddings becomes factor * original (256), so a reader
+    # that derives factor as their ratio agrees with transformers, which reads "factor".
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
 }
 
 SPM_OPTIONS = [
@@ -86,11 +102,31 @@ def parse_args():
     p.add_argument("--tie-embeddings", action="store_true",
                    help="tie_word_embeddings: no lm_head.weight, logits use embed_tokens")
     p.add_argument("--qkv-bias", action="store_true",
-                   help="biases on q/k/v (llama: attention_bias, which adds o_proj.bias "
-                        "too; implied by --model-type qwen2)")
+                   help="biases on q/k/v (llama, qwen3, qwen3_moe: attention_bias, which "
+                        "adds o_proj.bias too; implied by --model-type qwen2)")
     p.add_argument("--model-type", choices=sorted(ARCHITECTURES), default="llama")
     p.add_argument("--rope-scaling", choices=sorted(ROPE_SCALING), default="none")
     p.add_argument("--num-kv-heads", type=int, help="override the preset's kv head count")
+    p.add_argument("--num-layers", type=int, help="override the preset's layer count")
+    p.add_argument("--head-dim", type=int,
+                   help="override the preset's head_dim (need not be hidden / heads)")
+    p.add_argument("--intermediate-size", type=int,
+                   help="override the preset's intermediate_size (dense MLPs; mixtral's "
+                        "experts)")
+    moe = p.add_argument_group("MoE (qwen3_moe, mixtral)")
+    moe.add_argument("--num-experts", type=int, default=8,
+                     help="num_experts (qwen3_moe) / num_local_experts (mixtral)")
+    moe.add_argument("--experts-per-tok", type=int, default=2, help="num_experts_per_tok")
+    moe.add_argument("--moe-intermediate-size", type=int, default=32,
+                     help="qwen3_moe: each expert's intermediate size")
+    moe.add_argument("--norm-topk-prob", action="store_true",
+                     help="qwen3_moe: renormalise the top-k routing weights to sum to 1 "
+                          "(mixtral always does)")
+    moe.add_argument("--decoder-sparse-step", type=int, default=1,
+                     help="qwen3_moe: layer i is sparse iff (i + 1) %% step == 0 and i is "
+                          "not in --mlp-only-layers")
+    moe.add_argument("--mlp-only-layers", type=int, nargs="*", default=[],
+                     help="qwen3_moe: layers that keep a dense MLP")
     args = p.parse_args()
     preset = PRESETS[args.preset]
     heads = preset["num_attention_heads"]
@@ -98,8 +134,12 @@ def parse_args():
         p.error(f"--num-kv-heads must divide num_attention_heads={heads}")
     if args.shards < 1:
         p.error("--shards must be >= 1")
-    if args.model_type == "mistral" and args.qkv_bias:
-        p.error("Mistral has no attention biases")
+    if args.model_type in ("mistral", "mixtral") and args.qkv_bias:
+        p.error(f"{args.model_type} has no attention biases")
+    if args.rope_scaling == "yarn" and args.model_type not in ("qwen3", "qwen3_moe"):
+        p.error("--rope-scaling yarn is for qwen3 and qwen3_moe")
+    if args.model_type in MOE_TYPES and not 1 <= args.experts_per_tok <= args.num_experts:
+        p.error("need 1 <= --experts-per-tok <= --num-experts")
     return args
 
 
@@ -123,16 +163,17 @@ def train_tokenizer(vocab_size, out_dir):
 
 
 def make_config(args, preset, vocab_size, qkv_bias):
+    layers = args.num_layers or preset["num_hidden_layers"]
     cfg = {
         "architectures": [ARCHITECTURES[args.model_type]],
         "model_type": args.model_type,
         "vocab_size": vocab_size,
         "hidden_size": preset["hidden_size"],
-        "intermediate_size": preset["intermediate_size"],
-        "num_hidden_layers": preset["num_hidden_layers"],
+        "intermediate_size": args.intermediate_size or preset["intermediate_size"],
+        "num_hidden_layers": layers,
         "num_attention_heads": preset["num_attention_heads"],
         "num_key_value_heads": args.num_kv_heads or preset["num_key_value_heads"],
-        "head_dim": preset["head_dim"],
+        "head_dim": args.head_dim or preset["head_dim"],
         "max_position_embeddings": preset["max_position_embeddings"],
         "rms_norm_eps": preset["rms_norm_eps"],
         "rope_theta": preset["rope_theta"],
@@ -150,10 +191,49 @@ def make_config(args, preset, vocab_size, qkv_bias):
         cfg["mlp_bias"] = False
     elif args.model_type == "mistral":
         cfg["sliding_window"] = None
-    else:  # qwen2
+    elif args.model_type == "qwen2":
         cfg["use_sliding_window"] = False
         cfg["sliding_window"] = None
+    elif args.model_type in ("qwen3", "qwen3_moe"):
+        # attention_bias: biases on q, k, v and o (Qwen3's own checkpoints have none).
+        cfg["attention_bias"] = qkv_bias
+        cfg["attention_dropout"] = 0.0
+        cfg["use_sliding_window"] = False
+        cfg["sliding_window"] = None
+        cfg["max_window_layers"] = layers
+        if args.model_type == "qwen3_moe":
+            cfg["num_experts"] = args.num_experts
+            cfg["num_experts_per_tok"] = args.experts_per_tok
+            cfg["moe_intermediate_size"] = args.moe_intermediate_size
+            cfg["norm_topk_prob"] = args.norm_topk_prob
+            cfg["decoder_sparse_step"] = args.decoder_sparse_step
+            cfg["mlp_only_layers"] = sorted(args.mlp_only_layers)
+            cfg["output_router_logits"] = False
+            cfg["router_aux_loss_coef"] = 0.001
+    else:  # mixtral
+        cfg["sliding_window"] = None
+        cfg["attention_dropout"] = 0.0
+        cfg["num_local_experts"] = args.num_experts
+        cfg["num_experts_per_tok"] = args.experts_per_tok
+        cfg["output_router_logits"] = False
+        cfg["router_aux_loss_coef"] = 0.02
+        cfg["router_jitter_noise"] = 0.0
+    if args.rope_scaling == "yarn":
+        yarn = cfg["rope_scaling"]
+        cfg["max_position_embeddings"] = int(yarn["factor"] *
+                                             yarn["original_max_position_embeddings"])
     return cfg
+
+
+def is_sparse_layer(cfg, i):
+    """Whether layer i has a sparse MoE block, as HF's Qwen3Moe/Mixtral decoder layers
+    decide it."""
+    if cfg["model_type"] == "mixtral":
+        return True
+    if cfg["model_type"] != "qwen3_moe":
+        return False
+    return (i not in cfg["mlp_only_layers"] and cfg["num_experts"] > 0
+            and (i + 1) % cfg["decoder_sparse_step"] == 0)
 
 
 def tensor_specs(cfg, qkv_bias, o_bias):
@@ -162,6 +242,7 @@ def tensor_specs(cfg, qkv_bias, o_bias):
     Kinds: "normal" is N(0, scale^2); "norm" is 1 + N(0, scale^2); "signed_norm" is
     scale * (1 + N(0, 0.1^2)) with random signs."""
     h, ffn = cfg["hidden_size"], cfg["intermediate_size"]
+    qk_norm = cfg["model_type"] in ("qwen3", "qwen3_moe")
     q_dim = cfg["num_attention_heads"] * cfg["head_dim"]
     kv_dim = cfg["num_key_value_heads"] * cfg["head_dim"]
     specs = [("model.embed_tokens.weight", (cfg["vocab_size"], h), "normal", 1.0)]
@@ -179,10 +260,31 @@ def tensor_specs(cfg, qkv_bias, o_bias):
         proj(p + "self_attn.o_proj.weight", h, q_dim)
         if o_bias:
             specs.append((p + "self_attn.o_proj.bias", (h,), "normal", 0.2))
+        if qk_norm:
+            specs.append((p + "self_attn.q_norm.weight", (cfg["head_dim"],), "norm", 0.1))
+            specs.append((p + "self_attn.k_norm.weight", (cfg["head_dim"],), "norm", 0.1))
         specs.append((p + "post_attention_layernorm.weight", (h,), "norm", 0.1))
-        proj(p + "mlp.gate_proj.weight", ffn, h)
-        proj(p + "mlp.up_proj.weight", ffn, h)
-        proj(p + "mlp.down_proj.weight", h, ffn)
+        if cfg["model_type"] == "mixtral":
+            experts = cfg["num_local_experts"]
+            specs.append((p + "block_sparse_moe.gate.weight", (experts, h), "normal",
+                          2.0 * h ** -0.5))
+            for e in range(experts):
+                q = f"{p}block_sparse_moe.experts.{e}."
+                proj(q + "w1.weight", ffn, h)  # gate
+                proj(q + "w2.weight", h, ffn)  # down
+                proj(q + "w3.weight", ffn, h)  # up
+        elif is_sparse_layer(cfg, i):
+            experts, moe_ffn = cfg["num_experts"], cfg["moe_intermediate_size"]
+            specs.append((p + "mlp.gate.weight", (experts, h), "normal", 2.0 * h ** -0.5))
+            for e in range(experts):
+                q = f"{p}mlp.experts.{e}."
+                proj(q + "gate_proj.weight", moe_ffn, h)
+                proj(q + "up_proj.weight", moe_ffn, h)
+                proj(q + "down_proj.weight", h, moe_ffn)
+        else:
+            proj(p + "mlp.gate_proj.weight", ffn, h)
+            proj(p + "mlp.up_proj.weight", ffn, h)
+            proj(p + "mlp.down_proj.weight", h, ffn)
     if cfg["tie_word_embeddings"]:
         specs.append(("model.norm.weight", (h,), "signed_norm", 4.0 * h ** -0.5))
     else:
@@ -250,7 +352,8 @@ def main():
     preset = PRESETS[args.preset]
     args.dtype = args.dtype or preset["dtype"]
     qkv_bias = args.qkv_bias or args.model_type == "qwen2"
-    o_bias = qkv_bias and args.model_type == "llama"  # HF Llama's attention_bias.
+    # HF Llama's and Qwen3's attention_bias covers o_proj too; Qwen2's biases do not.
+    o_bias = qkv_bias and args.model_type in ("llama", "qwen3", "qwen3_moe")
 
     os.makedirs(args.out, exist_ok=True)
     vocab_size = train_tokenizer(preset["tokenizer_vocab"], args.out)
