@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/algorithm/container.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -134,9 +134,9 @@ absl::Status ParseYarn(const ConfigReader& reader, int max_position_embeddings,
   float m = 0, m_all = 0;
   RETURN_IF_ERROR(reader.Read("mscale", Need::kOptional, &m));
   RETURN_IF_ERROR(reader.Read("mscale_all_dim", Need::kOptional, &m_all));
-  scaling->attention_factor =
-      static_cast<float>(m != 0 && m_all != 0 ? mscale(scaling->factor, m) / mscale(scaling->factor, m_all)
-                                              : mscale(scaling->factor, 1.0));
+  scaling->attention_factor = static_cast<float>(
+      m != 0 && m_all != 0 ? mscale(scaling->factor, m) / mscale(scaling->factor, m_all)
+                           : mscale(scaling->factor, 1.0));
   return absl::OkStatus();
 }
 
@@ -164,7 +164,8 @@ absl::Status ParseRopeScaling(const nlohmann::json& json, std::string_view sourc
   }
   RETURN_IF_ERROR(reader.Read("factor", Need::kRequired, &scaling->factor));
   RETURN_IF_ERROR(RequirePositive(reader, "factor", scaling->factor));
-  if (scaling->type == RopeScaling::Type::kYarn) return ParseYarn(reader, max_position_embeddings, scaling);
+  if (scaling->type == RopeScaling::Type::kYarn)
+    return ParseYarn(reader, max_position_embeddings, scaling);
   if (scaling->type != RopeScaling::Type::kLlama3) return absl::OkStatus();
   RETURN_IF_ERROR(reader.Read("low_freq_factor", Need::kOptional, &scaling->low_freq_factor));
   RETURN_IF_ERROR(reader.Read("high_freq_factor", Need::kOptional, &scaling->high_freq_factor));
@@ -186,8 +187,8 @@ absl::Status CheckTokenId(const ConfigReader& reader, const std::string& key, in
                       absl::StrCat("id ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
 }
 
-constexpr const char* kModelTypes[] = {"llama", "mistral", "mixtral", "qwen2", "qwen3",
-                                        "qwen3_moe"};
+constexpr const char* kModelTypes[] = {"llama", "mistral", "mixtral",
+                                       "qwen2", "qwen3",   "qwen3_moe"};
 
 // The mixture-of-experts keys of qwen3_moe and mixtral, with transformers' defaults.
 absl::Status ParseExperts(const ConfigReader& reader, ModelConfig* config) {
@@ -198,8 +199,7 @@ absl::Status ParseExperts(const ConfigReader& reader, ModelConfig* config) {
   config->experts_per_token = mixtral ? 2 : 8;
   RETURN_IF_ERROR(reader.Read(experts_key, Need::kOptional, &config->num_experts));
   RETURN_IF_ERROR(RequirePositive(reader, experts_key, config->num_experts));
-  RETURN_IF_ERROR(
-      reader.Read("num_experts_per_tok", Need::kOptional, &config->experts_per_token));
+  RETURN_IF_ERROR(reader.Read("num_experts_per_tok", Need::kOptional, &config->experts_per_token));
   if (config->experts_per_token < 1 || config->experts_per_token > config->num_experts) {
     return reader.Error("num_experts_per_tok",
                         absl::StrCat("must be in [1, ", experts_key, " = ", config->num_experts,
@@ -214,8 +214,7 @@ absl::Status ParseExperts(const ConfigReader& reader, ModelConfig* config) {
   config->moe_intermediate_size = 768;
   RETURN_IF_ERROR(
       reader.Read("moe_intermediate_size", Need::kOptional, &config->moe_intermediate_size));
-  RETURN_IF_ERROR(
-      RequirePositive(reader, "moe_intermediate_size", config->moe_intermediate_size));
+  RETURN_IF_ERROR(RequirePositive(reader, "moe_intermediate_size", config->moe_intermediate_size));
   RETURN_IF_ERROR(reader.Read("norm_topk_prob", Need::kOptional, &config->norm_topk_prob));
   // Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, and then only every
   // decoder_sparse_step-th layer (1-based).
@@ -287,9 +286,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
 
   RETURN_IF_ERROR(reader.Read("model_type", Need::kRequired, &config.model_type));
   if (absl::c_find(kModelTypes, config.model_type) == std::end(kModelTypes)) {
-    return reader.Error("model_type", absl::StrCat("'", config.model_type,
-                                                   "' is not supported (supported: ",
-                                                   SupportedModelTypes(), ")"));
+    return reader.Error(
+        "model_type", absl::StrCat("'", config.model_type,
+                                   "' is not supported (supported: ", SupportedModelTypes(), ")"));
   }
   const bool qwen3 = config.model_type == "qwen3" || config.model_type == "qwen3_moe";
   if (reader.Has("architectures")) {

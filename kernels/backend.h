@@ -106,8 +106,10 @@ class Backend {
   // which experts a token goes to). Kept in float32 where the backend would narrow its
   // weights below the activations' precision (the CPU's bf16 and int8 weights); elsewhere
   // the same as PackLinear.
-  virtual absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearFullPrecision(
-      const float* weight, int out_features, int in_features, const float* bias) {
+  virtual absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearFullPrecision(const float* weight,
+                                                                                int out_features,
+                                                                                int in_features,
+                                                                                const float* bias) {
     return PackLinear(weight, out_features, in_features, bias);
   }
   // Copies a float32 host tensor into backend memory in the compute dtype (embeddings).

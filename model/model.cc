@@ -59,7 +59,8 @@ std::vector<double> InverseFrequencies(const ModelConfig& c) {
       const double dim = c.head_dim;
       const double base = c.rope_theta;
       auto correction_dim = [&](double rotations) {
-        return dim * std::log(s.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
+        return dim *
+               std::log(s.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
                (2 * std::log(base));
       };
       double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
@@ -264,18 +265,18 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     const std::string router = ExpertTensorNames(c, i, 0).router + ".weight";
     host.resize(experts * hidden);
     RETURN_IF_ERROR(weights.ReadF32(router, {experts, hidden}, host.data()));
-    ASSIGN_OR_RETURN(l->router, backend_->PackLinearFullPrecision(
-                                    host.data(), static_cast<int>(experts),
-                                    static_cast<int>(hidden), nullptr));
+    ASSIGN_OR_RETURN(l->router,
+                     backend_->PackLinearFullPrecision(host.data(), static_cast<int>(experts),
+                                                       static_cast<int>(hidden), nullptr));
     weight_bytes_ += l->router->size_bytes();
     const int64_t begin = rank * static_cast<int64_t>(expert_ffn_);
     const int64_t end = begin + expert_ffn_;
     for (int e = 0; e < experts; ++e) {
       const ExpertNames names = ExpertTensorNames(c, i, e);
-      ASSIGN_OR_RETURN(l->expert_gate_up.emplace_back(),
-                       pack_rows({{names.gate, expert_ffn, begin, end},
-                                  {names.up, expert_ffn, begin, end}},
-                                 hidden, false));
+      ASSIGN_OR_RETURN(
+          l->expert_gate_up.emplace_back(),
+          pack_rows({{names.gate, expert_ffn, begin, end}, {names.up, expert_ffn, begin, end}},
+                    hidden, false));
       ASSIGN_OR_RETURN(l->expert_down.emplace_back(),
                        pack_columns(names.down, hidden, expert_ffn, begin, end, false));
       l->expert_gate_up_ptrs.push_back(l->expert_gate_up.back().get());
@@ -533,12 +534,10 @@ absl::Status LlamaModel::ReserveExperts(int n) {
   const size_t rows = tokens * c.experts_per_token;
   const size_t e = backend_->activation_bytes();
   ASSIGN_OR_RETURN(expert_in_, kernels::AllocateBuffer(backend_, rows * c.hidden_size * e));
-  ASSIGN_OR_RETURN(expert_gate_up_,
-                   kernels::AllocateBuffer(backend_, rows * 2 * expert_ffn_ * e));
+  ASSIGN_OR_RETURN(expert_gate_up_, kernels::AllocateBuffer(backend_, rows * 2 * expert_ffn_ * e));
   ASSIGN_OR_RETURN(expert_act_, kernels::AllocateBuffer(backend_, rows * expert_ffn_ * e));
   ASSIGN_OR_RETURN(expert_out_, kernels::AllocateBuffer(backend_, rows * c.hidden_size * e));
-  ASSIGN_OR_RETURN(router_logits_,
-                   kernels::AllocateBuffer(backend_, tokens * c.num_experts * e));
+  ASSIGN_OR_RETURN(router_logits_, kernels::AllocateBuffer(backend_, tokens * c.num_experts * e));
   ASSIGN_OR_RETURN(routing_, kernels::AllocateBuffer(backend_, 3 * rows * sizeof(int32_t)));
   reserved_expert_tokens_ = static_cast<int>(tokens);
   return absl::OkStatus();
@@ -625,8 +624,8 @@ absl::Status LlamaModel::EnableDecodeGraphs(int max_batch) {
 bool LlamaModel::GraphEligible(const ForwardBatch& batch, const KvCache& cache) const {
   const int n = batch.num_tokens();
   // An MoE layer routes on the host, in the middle of the pass.
-  if (graph_max_batch_ == 0 || config_.HasExperts() || n == 0 || n > graph_max_batch_ || batch.num_seqs != n ||
-      static_cast<int>(batch.logit_rows.size()) != n) {
+  if (graph_max_batch_ == 0 || config_.HasExperts() || n == 0 || n > graph_max_batch_ ||
+      batch.num_seqs != n || static_cast<int>(batch.logit_rows.size()) != n) {
     return false;
   }
   const int max_width = (config_.max_context_tokens + cache.block_size() - 1) / cache.block_size();

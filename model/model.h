@@ -207,9 +207,9 @@ class LlamaModel {
   kernels::BackendBuffer expert_in_, expert_gate_up_, expert_act_, expert_out_, router_logits_;
   kernels::BackendBuffer routing_;
   std::vector<float> host_router_logits_;
-  std::vector<int32_t> host_routing_;  // Gather order [n*k], then sources [n*k].
+  std::vector<int32_t> host_routing_;       // Gather order [n*k], then sources [n*k].
   std::vector<float> host_expert_weights_;  // [n*k]; routing_ holds them after the ints.
-  std::vector<int> expert_offsets_;    // [experts + 1].
+  std::vector<int> expert_offsets_;         // [experts + 1].
 
   // Decode graphs (EnableDecodeGraphs): ids by padded (batch, table width), their fixed
   // metadata buffer and the cache they were captured against.

@@ -118,9 +118,8 @@ class CpuBackend final : public Backend {
                                                            const float* bias) override {
     return PackAs(weight_type_, weight, out, in, bias);
   }
-  absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearFullPrecision(const float* weight,
-                                                                        int out, int in,
-                                                                        const float* bias) override {
+  absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearFullPrecision(
+      const float* weight, int out, int in, const float* bias) override {
     return PackAs(CpuWeightDtype::kF32, weight, out, in, bias);
   }
 
@@ -200,8 +199,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void HeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim,
-                   const void* weight, float eps) override {
+  void HeadRmsNorm(void* x, int n, int row_stride, int num_heads, int head_dim, const void* weight,
+                   float eps) override {
     float* xs = static_cast<float*>(x);
     const float* w = static_cast<const float*>(weight);
     pool_.ParallelFor(n, RowGrain(int64_t{num_heads} * head_dim), [&](int64_t begin, int64_t end) {

@@ -448,9 +448,8 @@ void CudaBackendImpl::HeadRmsNorm(void* x, int n, int row_stride, int num_heads,
 void CudaBackendImpl::WeightedRowSum(const void* rows, int width, const int32_t* sources,
                                      const float* weights, int n, int k, void* out) {
   Activate();
-  RecordCuda(
-      cuda::LaunchWeightedRowSum(rows, width, sources, weights, n, k, out, dtype_, stream_),
-      "WeightedRowSum launch");
+  RecordCuda(cuda::LaunchWeightedRowSum(rows, width, sources, weights, n, k, out, dtype_, stream_),
+             "WeightedRowSum launch");
 }
 
 absl::Status CudaBackendImpl::BeginCapture() {

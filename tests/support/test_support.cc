@@ -27,7 +27,8 @@ std::string SchedulerBinary() {
 std::string TestModelDir(const std::string& variant) { return TestDataDir() + "/" + variant; }
 
 std::vector<std::string> TestModelVariants() {
-  return {"llama3_gqa", "tied_mha_bf16_sharded", "qwen2_bias_f16"};
+  return {"llama3_gqa", "tied_mha_bf16_sharded", "qwen2_bias_f16",  "qwen3_dense_yarn",
+          "qwen3_moe",  "qwen3_moe_norm_bf16",   "mixtral_moe_tied"};
 }
 
 Reference LoadReference(const std::string& variant) {

@@ -3,7 +3,8 @@
 // two threads: staggered arrivals, prefill split into chunks at arbitrary points next to
 // other sequences' decode tokens, and KV blocks scattered through the cache. For each way
 // the CPU backend stores weights (f32, bf16, int8), on the instruction path this CPU
-// picks (CI also runs it with CONVEYOR_CPU_ISA=portable).
+// picks (CI also runs it with CONVEYOR_CPU_ISA=portable); for Qwen3 and the
+// mixture-of-experts models too.
 #include <algorithm>
 #include <map>
 #include <random>
@@ -61,16 +62,17 @@ void Record(const LogitsRecorder& recorder, const worker::v1::StepResponse& resp
   }
 }
 
-// Each request alone, prompt in one step, one thread.
-// The backend's storage: weights and KV cache.
+// The model and the backend's storage: weights and KV cache.
 struct Storage {
+  const char* variant;
   kernels::CpuWeightDtype weights;
   kernels::CpuKvDtype kv;
   const char* name;
 };
 
+// Each request alone, prompt in one step, one thread.
 Trace RunAlone(const Request& request, const Storage& storage) {
-  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, kNumBlocks, kBlockSize,
+  auto w = LocalWorker::Create(TestModelDir(storage.variant), 1, kNumBlocks, kBlockSize,
                                storage.weights, storage.kv);
   std::map<uint64_t, Trace> traces;
   worker::v1::StepRequest step;
@@ -97,7 +99,7 @@ Trace RunAlone(const Request& request, const Storage& storage) {
 // of 1–7 tokens, blocks come from a shuffled free list as they are needed.
 std::map<uint64_t, Trace> RunMixed(const std::vector<Request>& requests, uint32_t seed,
                                    const Storage& storage) {
-  auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, kNumBlocks, kBlockSize,
+  auto w = LocalWorker::Create(TestModelDir(storage.variant), 2, kNumBlocks, kBlockSize,
                                storage.weights, storage.kv);
   std::mt19937 rng(seed);
   std::vector<int32_t> free_blocks(kNumBlocks);
@@ -164,7 +166,7 @@ std::map<uint64_t, Trace> RunMixed(const std::vector<Request>& requests, uint32_
 class BatchInvarianceTest : public ::testing::TestWithParam<Storage> {};
 
 TEST_P(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
-  const auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, 1, kBlockSize,
+  const auto w = LocalWorker::Create(TestModelDir(GetParam().variant), 1, 1, kBlockSize,
                                      GetParam().weights, GetParam().kv);
   ASSERT_NE(w, nullptr);
   const std::vector<Request> requests = MakeRequests(w->model->config().vocab_size);
@@ -192,11 +194,25 @@ TEST_P(BatchInvarianceTest, SameTokensAndLogitsAloneOrInMixedChunkedBatches) {
 INSTANTIATE_TEST_SUITE_P(
     Storage, BatchInvarianceTest,
     ::testing::Values(
-        Storage{kernels::CpuWeightDtype::kF32, kernels::CpuKvDtype::kF32, "f32"},
-        Storage{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kF32, "bf16"},
-        Storage{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kF32, "int8"},
-        Storage{kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16, "bf16_kv_bf16"},
-        Storage{kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kBf16, "int8_kv_bf16"}),
+        Storage{"llama3_gqa", kernels::CpuWeightDtype::kF32, kernels::CpuKvDtype::kF32, "f32"},
+        Storage{"llama3_gqa", kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kF32, "bf16"},
+        Storage{"llama3_gqa", kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kF32, "int8"},
+        Storage{"llama3_gqa", kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16,
+                "bf16_kv_bf16"},
+        Storage{"llama3_gqa", kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kBf16,
+                "int8_kv_bf16"},
+        // Qwen3's q/k norms; the mixture-of-experts layers (routing, grouped GEMM and
+        // combine) of both MoE families, in each weight storage.
+        Storage{"qwen3_dense_yarn", kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16,
+                "qwen3_bf16_kv_bf16"},
+        Storage{"qwen3_moe", kernels::CpuWeightDtype::kF32, kernels::CpuKvDtype::kF32,
+                "qwen3_moe_f32"},
+        Storage{"qwen3_moe", kernels::CpuWeightDtype::kBf16, kernels::CpuKvDtype::kBf16,
+                "qwen3_moe_bf16_kv_bf16"},
+        Storage{"qwen3_moe", kernels::CpuWeightDtype::kInt8, kernels::CpuKvDtype::kF32,
+                "qwen3_moe_int8"},
+        Storage{"mixtral_moe_tied", kernels::CpuWeightDtype::kF32, kernels::CpuKvDtype::kF32,
+                "mixtral_f32"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -106,6 +106,8 @@ using kernels::CpuKvDtype;
 using kernels::CpuWeightDtype;
 
 // Recorded on an Intel Xeon (Emerald Rapids: AVX512-BF16, no AMX exposed) at every level.
+// The MoE models' routers stay float32 (Backend::PackLinearFullPrecision), so with bf16
+// weights their portable level differs from the vector ones as float32 GEMMs do.
 INSTANTIATE_TEST_SUITE_P(
     Storage, RecordedBitsTest,
     ::testing::Values(Case{"llama3_gqa", CpuWeightDtype::kF32, CpuKvDtype::kF32, 0xd7ae87b4e8e17442,
@@ -123,7 +125,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2_bias_f16", CpuWeightDtype::kInt8, CpuKvDtype::kF32,
                            0x46d7605a0298e868, 0x9871db62a349e70c, "qwen2_int8"},
                       Case{"qwen2_bias_f16", CpuWeightDtype::kInt8, CpuKvDtype::kBf16,
-                           0x85f10fc283a738be, 0x47771eb26f14a595, "qwen2_int8_kv_bf16"}),
+                           0x85f10fc283a738be, 0x47771eb26f14a595, "qwen2_int8_kv_bf16"},
+                      Case{"qwen3_moe", CpuWeightDtype::kF32, CpuKvDtype::kF32, 0xce09d68b22aa846b,
+                           0x5ca9e87fbf73aebe, "qwen3_moe_f32"},
+                      Case{"qwen3_moe", CpuWeightDtype::kBf16, CpuKvDtype::kBf16,
+                           0x2d0fd62e871f869f, 0xf265be6b4fbb2da0, "qwen3_moe_bf16_kv_bf16"},
+                      Case{"mixtral_moe_tied", CpuWeightDtype::kInt8, CpuKvDtype::kF32,
+                           0x92eaf4812e417129, 0xc8023bf67b990fe8, "mixtral_int8"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -50,9 +50,11 @@ double LogitScale(std::span<const float> logits) {
   return scale;
 }
 
-// The models the tests run: the tiny checkpoints and `small`.
+// The models the tests run: the tiny checkpoints whose heads split over two ranks (all but
+// qwen3_moe_norm_bf16, which has one KV head) and `small`.
 std::vector<std::string> TpModels() {
   std::vector<std::string> models = TestModelVariants();
+  std::erase(models, "qwen3_moe_norm_bf16");
   models.emplace_back("small");
   return models;
 }
