@@ -1,5 +1,6 @@
 #include "checkpoint/model_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -66,6 +67,47 @@ nlohmann::json MistralConfig() {
     "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32000})");
 }
 
+// Qwen/Qwen3-8B.
+nlohmann::json Qwen3Config() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+    "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// Qwen/Qwen3-30B-A3B.
+nlohmann::json Qwen3MoeConfig() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+    "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+    "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// mistralai/Mixtral-8x7B-v0.1.
+nlohmann::json MixtralConfig() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 32000})");
+}
+
 ModelConfig ParseOrDie(const nlohmann::json& json) {
   absl::StatusOr<ModelConfig> config = ParseModelConfig(json.dump(), kSource);
   EXPECT_TRUE(config.ok()) << config.status();
@@ -121,6 +163,104 @@ TEST(ModelConfigTest, ParsesQwen2WithBiasAndTiedEmbeddings) {
   EXPECT_TRUE(config.tie_word_embeddings);
   EXPECT_EQ(config.max_context_tokens, 131072);
   EXPECT_EQ(config.NumParameters(), 494032768u);
+}
+
+TEST(ModelConfigTest, ParsesQwen3WithPerHeadNorms) {
+  const ModelConfig config = ParseOrDie(Qwen3Config());
+  EXPECT_EQ(config.model_type, "qwen3");
+  EXPECT_TRUE(config.qk_norm);
+  EXPECT_FALSE(config.qkv_bias);
+  EXPECT_FALSE(config.o_bias);
+  EXPECT_FALSE(config.HasExperts());
+  EXPECT_EQ(config.head_dim, 128);
+  EXPECT_EQ(config.max_context_tokens, 40960);
+  // Published as 8.2B.
+  EXPECT_NEAR(config.NumParameters() / 1e9, 8.19, 0.01);
+  EXPECT_EQ(config.NumActiveParameters(), config.NumParameters());
+}
+
+TEST(ModelConfigTest, Qwen3HeadDimDefaultsTo128AndAttentionBiasSetsBothBiases) {
+  nlohmann::json json = Qwen3Config();
+  json.erase("head_dim");
+  json["hidden_size"] = 1024;  // Qwen3-0.6B: 16 heads of 128 over a hidden size of 1024.
+  json["num_attention_heads"] = 16;
+  json["attention_bias"] = true;
+  const ModelConfig config = ParseOrDie(json);
+  EXPECT_EQ(config.head_dim, 128);
+  EXPECT_TRUE(config.qkv_bias);
+  EXPECT_TRUE(config.o_bias);
+}
+
+TEST(ModelConfigTest, ParsesQwen3MoeExperts) {
+  const ModelConfig config = ParseOrDie(Qwen3MoeConfig());
+  EXPECT_EQ(config.model_type, "qwen3_moe");
+  EXPECT_TRUE(config.qk_norm);
+  EXPECT_EQ(config.num_experts, 128);
+  EXPECT_EQ(config.experts_per_token, 8);
+  EXPECT_EQ(config.moe_intermediate_size, 768);
+  EXPECT_TRUE(config.norm_topk_prob);
+  EXPECT_EQ(config.moe_naming, MoeNaming::kQwen3);
+  for (int i = 0; i < config.num_layers; ++i) EXPECT_TRUE(config.IsSparseLayer(i)) << i;
+  // Published as 30.5B parameters, 3.3B active.
+  EXPECT_NEAR(config.NumParameters() / 1e9, 30.53, 0.01);
+  EXPECT_NEAR(config.NumActiveParameters() / 1e9, 3.35, 0.01);
+}
+
+TEST(ModelConfigTest, Qwen3MoeSparseLayersFollowStepAndMlpOnlyLayersAsTransformersDoes) {
+  nlohmann::json json = Qwen3MoeConfig();
+  json["num_hidden_layers"] = 6;
+  json["decoder_sparse_step"] = 2;  // Layers 1, 3, 5 (the (i+1)-th divisible by 2)...
+  json["mlp_only_layers"] = {3};    // ...less layer 3.
+  json.erase("norm_topk_prob");     // transformers' default: false.
+  const ModelConfig config = ParseOrDie(json);
+  EXPECT_THAT(config.sparse_layers, ElementsAre(false, true, false, false, false, true));
+  EXPECT_FALSE(config.norm_topk_prob);
+  EXPECT_EQ(config.head_dim, 128);
+}
+
+TEST(ModelConfigTest, ParsesMixtral) {
+  const ModelConfig config = ParseOrDie(MixtralConfig());
+  EXPECT_EQ(config.moe_naming, MoeNaming::kMixtral);
+  EXPECT_FALSE(config.qk_norm);
+  EXPECT_EQ(config.num_experts, 8);
+  EXPECT_EQ(config.experts_per_token, 2);
+  EXPECT_EQ(config.moe_intermediate_size, 14336);
+  EXPECT_TRUE(config.norm_topk_prob);
+  EXPECT_EQ(config.head_dim, 128);
+  EXPECT_EQ(config.max_context_tokens, 32768);  // sliding_window null: no cap.
+  // Published as 46.7B parameters, 12.9B active.
+  EXPECT_NEAR(config.NumParameters() / 1e9, 46.70, 0.01);
+  EXPECT_NEAR(config.NumActiveParameters() / 1e9, 12.88, 0.01);
+}
+
+TEST(ModelConfigTest, YarnRopeScalingWithTransformersDefaults) {
+  nlohmann::json json = Qwen3Config();
+  json["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  const ModelConfig config = ParseOrDie(json);
+  EXPECT_EQ(config.rope_scaling.type, RopeScaling::Type::kYarn);
+  EXPECT_FLOAT_EQ(config.rope_scaling.factor, 4.0f);
+  EXPECT_EQ(config.rope_scaling.original_max_position_embeddings, 32768);
+  EXPECT_FLOAT_EQ(config.rope_scaling.beta_fast, 32.0f);
+  EXPECT_FLOAT_EQ(config.rope_scaling.beta_slow, 1.0f);
+  EXPECT_TRUE(config.rope_scaling.truncate);
+  EXPECT_FLOAT_EQ(config.rope_scaling.attention_factor, 0.1f * std::log(4.0f) + 1.0f);
+
+  json["rope_scaling"].erase("original_max_position_embeddings");
+  json["rope_scaling"]["attention_factor"] = 1.5;
+  const ModelConfig defaulted = ParseOrDie(json);
+  EXPECT_EQ(defaulted.rope_scaling.original_max_position_embeddings, 40960);
+  EXPECT_FLOAT_EQ(defaulted.rope_scaling.attention_factor, 1.5f);
+}
+
+TEST(ModelConfigTest, UnsupportedModelTypeNamesTheSupportedOnes) {
+  nlohmann::json json = Qwen3Config();
+  json["model_type"] = "gemma3";
+  const auto config = ParseModelConfig(json.dump(), kSource);
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("'gemma3' is not supported"));
+  EXPECT_THAT(config.status().message(),
+              HasSubstr("llama, mistral, mixtral, qwen2, qwen3, qwen3_moe"));
 }
 
 TEST(ModelConfigTest, QwenSlidingWindowDoesNotCapContext) {
@@ -237,6 +377,34 @@ INSTANTIATE_TEST_SUITE_P(AllKeys, BrokenConfigTest,
                                           [](nlohmann::json& j) { j.erase("model_type"); }},
                              BrokenConfig{"UnsupportedModelType", "'model_type'",
                                           [](nlohmann::json& j) { j["model_type"] = "gpt2"; }},
+                             BrokenConfig{"GeluActivation", "'hidden_act'",
+                                          [](nlohmann::json& j) { j["hidden_act"] = "gelu"; }},
+                             BrokenConfig{"OddHeadDim", "'head_dim'",
+                                          [](nlohmann::json& j) { j["head_dim"] = 33; }},
+                             BrokenConfig{"MoreExpertsPerTokenThanExperts", "'num_experts_per_tok'",
+                                          [](nlohmann::json& j) {
+                                            j = Qwen3MoeConfig();
+                                            j["num_experts_per_tok"] = 129;
+                                          }},
+                             BrokenConfig{"ZeroExperts", "'num_local_experts'",
+                                          [](nlohmann::json& j) {
+                                            j = MixtralConfig();
+                                            j["num_local_experts"] = 0;
+                                          }},
+                             BrokenConfig{"MlpOnlyLayerOutOfRange", "'mlp_only_layers'",
+                                          [](nlohmann::json& j) {
+                                            j = Qwen3MoeConfig();
+                                            j["mlp_only_layers"] = {48};
+                                          }},
+                             BrokenConfig{"ZeroSparseStep", "'decoder_sparse_step'",
+                                          [](nlohmann::json& j) {
+                                            j = Qwen3MoeConfig();
+                                            j["decoder_sparse_step"] = 0;
+                                          }},
+                             BrokenConfig{"YarnWithoutFactor", "'rope_scaling.factor'",
+                                          [](nlohmann::json& j) {
+                                            j["rope_scaling"] = {{"rope_type", "yarn"}};
+                                          }},
                              BrokenConfig{"StringVocabSize", "'vocab_size'",
                                           [](nlohmann::json& j) { j["vocab_size"] = "128256"; }},
                              BrokenConfig{"FractionalLayers", "'num_hidden_layers'",
@@ -262,13 +430,14 @@ INSTANTIATE_TEST_SUITE_P(AllKeys, BrokenConfigTest,
                                           [](nlohmann::json& j) { j["head_dim"] = 0; }},
                              BrokenConfig{"NegativeRmsNormEps", "'rms_norm_eps'",
                                           [](nlohmann::json& j) { j["rms_norm_eps"] = -1e-5; }},
-                             BrokenConfig{"StringRopeTheta", "'rope_theta'",
-                                          [](nlohmann::json& j) { j["rope_theta"] = "500000"; }},
+                             BrokenConfig{
+                                 "StringRopeTheta", "'rope_theta'",
+                                 [](nlohmann::json& j) { j["rope_theta"] = "500000"; }},
                              BrokenConfig{"RopeScalingNotObject", "'rope_scaling'",
                                           [](nlohmann::json& j) { j["rope_scaling"] = 8; }},
                              BrokenConfig{"UnknownRopeType", "'rope_scaling.rope_type'",
                                           [](nlohmann::json& j) {
-                                            j["rope_scaling"]["rope_type"] = "yarn";
+                                            j["rope_scaling"]["rope_type"] = "longrope";
                                           }},
                              BrokenConfig{
                                  "UnknownLegacyRopeType", "'rope_scaling.type'",
