@@ -58,8 +58,9 @@
 ABSL_FLAG(std::string, backend, "cuda", "Backend: cuda or cpu.");
 ABSL_FLAG(int, device, 0, "CUDA device.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads (0: one per core).");
+ABSL_FLAG(std::string, cpu_weights, "f32", "CPU backend weight storage: f32, bf16 or int8.");
 ABSL_FLAG(std::string, shape, "llama3-8b",
-          "Model shape: llama3-8b (bf16 on CUDA), small or tiny (tests/model_gen's presets).");
+          "Model shape: llama3-8b (bf16 on CUDA), small, qwen3-moe-small or tiny (model_config.h).");
 ABSL_FLAG(int, layers, 0, "Override the shape's layer count (0: keep it).");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "64", "256"}),
           "Batch sizes (sequences) to measure.");
@@ -91,7 +92,19 @@ double Median(std::vector<double> v) {
 }
 
 absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const std::string& name) {
-  if (name == "cpu") return kernels::MakeCpuBackend(absl::GetFlag(FLAGS_threads));
+  if (name == "cpu") {
+    const std::string weights = absl::GetFlag(FLAGS_cpu_weights);
+    kernels::CpuWeightDtype dtype = kernels::CpuWeightDtype::kF32;
+    if (weights == "bf16") {
+      dtype = kernels::CpuWeightDtype::kBf16;
+    } else if (weights == "int8") {
+      dtype = kernels::CpuWeightDtype::kInt8;
+    } else if (weights != "f32") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cpu_weights=", weights, ": use f32, bf16 or int8"));
+    }
+    return kernels::MakeCpuBackend(absl::GetFlag(FLAGS_threads), dtype);
+  }
   if (name == "cuda") {
 #ifdef CONVEYOR_HAVE_CUDA
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::CudaBackend> backend,
@@ -140,20 +153,30 @@ struct StepCost {
 };
 
 // `attended`: Σ over the tokens of the positions each attends to; `kv_read`: distinct
-// cached KV entries the pass reads; `logit_rows`: rows through the LM head.
+// cached KV entries the pass reads; `logit_rows`: rows through the LM head. In a
+// mixture-of-experts model each token computes with the active parameters, and the pass
+// reads the experts any token chose: with uniform routing, E·(1 - (1 - k/E)^tokens) of
+// each sparse layer's E.
 StepCost Cost(const ModelConfig& c, size_t element_bytes, int64_t tokens, double attended,
               double kv_read, int logit_rows) {
   const double q = static_cast<double>(c.num_attention_heads) * c.head_dim;
   const double kv = static_cast<double>(c.num_kv_heads) * c.head_dim;
   const double h = c.hidden_size;
-  const double layer_params = h * (q + 2 * kv) + q * h + 3.0 * h * c.intermediate_size;
   const double lm_head = static_cast<double>(c.vocab_size) * h;
+  const double embedding_and_head = lm_head * (c.tie_word_embeddings ? 1 : 2) + h;
+  const double active = static_cast<double>(c.NumActiveParameters()) - embedding_and_head;
+  double read = active;
+  if (c.HasExperts()) {
+    const double e = c.num_experts, k = c.experts_per_token;
+    const double used = e * (1 - std::pow(1 - k / e, static_cast<double>(tokens)));
+    read += (static_cast<double>(c.NumParameters()) - c.NumActiveParameters()) * (used - k) /
+            (e - k);
+  }
   StepCost cost;
-  cost.flops = 2.0 * (layer_params * c.num_layers * tokens + lm_head * logit_rows) +
+  cost.flops = 2.0 * (active * tokens + lm_head * logit_rows) +
                4.0 * c.num_layers * q * attended;  // QKᵀ and PV.
   const double kv_bytes_per_token = 2.0 * kv * c.num_layers * element_bytes;
-  cost.bytes = (layer_params * c.num_layers + lm_head) * element_bytes +
-               kv_bytes_per_token * (kv_read + tokens);
+  cost.bytes = (read + lm_head) * element_bytes + kv_bytes_per_token * (kv_read + tokens);
   return cost;
 }
 

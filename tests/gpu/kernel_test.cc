@@ -413,6 +413,79 @@ TEST_P(CudaKernelTest, SiluMulMatchesCpu) {
   }
 }
 
+TEST_P(CudaKernelTest, HeadRmsNormMatchesCpuAndLeavesTheRestAlone) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    int heads, head_dim, row_stride;  // Heads normalised at the front of wider rows.
+  };
+  for (const Shape s : {Shape{32, 128, 48 * 128}, Shape{3, 64, 5 * 64}, Shape{2, 40, 100}}) {
+    const int n = 11;
+    const std::vector<float> x = Random(static_cast<size_t>(n) * s.row_stride, 3.0f);
+    std::vector<float> weight(s.head_dim);
+    std::uniform_real_distribution<float> dist(0.5f, 1.5f);
+    for (float& w : weight) w = dist(rng_);
+    auto run = [&](Buffers& b) {
+      void* rows = b.Acts(x);
+      b.backend().HeadRmsNorm(rows, n, s.row_stride, s.heads, s.head_dim, b.F32(weight), 1e-6f);
+      return b.Read(rows, x.size());
+    };
+    Buffers gpu(gpu_.get()), cpu(cpu_.get());
+    const std::vector<float> out = run(gpu), ref = run(cpu);
+    ExpectClose("head_rms_norm_h" + std::to_string(s.heads) + "_d" + std::to_string(s.head_dim),
+                out, ref);
+    // Per row: the normalised heads within tolerance, every element after them untouched.
+    std::vector<float> tail_out, tail_in;
+    for (int t = 0; t < n; ++t) {
+      const size_t begin = static_cast<size_t>(t) * s.row_stride + s.heads * s.head_dim;
+      const size_t end = static_cast<size_t>(t + 1) * s.row_stride;
+      tail_out.insert(tail_out.end(), out.begin() + begin, out.begin() + end);
+      tail_in.insert(tail_in.end(), x.begin() + begin, x.begin() + end);
+    }
+    ExpectExact("head_rms_norm_untouched_d" + std::to_string(s.head_dim), tail_out, tail_in);
+  }
+}
+
+// An MoE layer's expert path: rows gathered by expert, a grouped GEMM over experts with
+// 0, 1 and many rows each, and the weighted sum of each token's k rows.
+TEST_P(CudaKernelTest, GroupedLinearAndWeightedRowSumMatchCpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const int in = 256, out_width = 96, n = 13, k = 3;
+  const std::vector<int> offsets = {0, 0, 1, 7, 7, 39};  // 5 experts, 39 = n * k rows.
+  const int groups = static_cast<int>(offsets.size()) - 1;
+  const int rows = offsets.back();
+  const std::vector<float> x = Random(static_cast<size_t>(rows) * in, 1.0f);
+  std::vector<std::vector<float>> weights;
+  for (int g = 0; g < groups; ++g) {
+    weights.push_back(Random(static_cast<size_t>(out_width) * in, 1.0f / 16));
+  }
+  std::vector<int32_t> sources(rows);
+  std::iota(sources.begin(), sources.end(), 0);
+  std::shuffle(sources.begin(), sources.end(), rng_);
+  std::vector<float> mix(rows);
+  std::uniform_real_distribution<float> dist(0.0f, 1.0f);
+  for (float& w : mix) w = dist(rng_);
+  auto run = [&](Buffers& b) {
+    std::vector<std::unique_ptr<LinearWeight>> packed;
+    std::vector<const LinearWeight*> pointers;
+    for (const auto& w : weights) {
+      packed.push_back(b.backend().PackLinear(w.data(), out_width, in, nullptr).value());
+      pointers.push_back(packed.back().get());
+    }
+    void* y = b.Poisoned(static_cast<size_t>(rows) * out_width);
+    b.backend().GroupedLinear(b.Acts(x), pointers.data(), offsets.data(), groups, y);
+    void* sum = b.Poisoned(static_cast<size_t>(n) * out_width);
+    b.backend().WeightedRowSum(y, out_width, static_cast<const int32_t*>(b.Ints(sources)),
+                               static_cast<const float*>(b.F32(mix)), n, k, sum);
+    return std::make_pair(b.Read(y, static_cast<size_t>(rows) * out_width),
+                          b.Read(sum, static_cast<size_t>(n) * out_width));
+  };
+  Buffers gpu(gpu_.get()), cpu(cpu_.get());
+  const auto [gpu_rows, gpu_sum] = run(gpu);
+  const auto [cpu_rows, cpu_sum] = run(cpu);
+  ExpectClose("grouped_linear", gpu_rows, cpu_rows);
+  ExpectClose("weighted_row_sum", gpu_sum, cpu_sum);
+}
+
 // --- Paged attention ------------------------------------------------------------------
 
 // One sequence of an attention batch: `context` positions in the cache after this step,
