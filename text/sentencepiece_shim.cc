@@ -71,6 +71,7 @@ int conveyor_spm_piece_size(void* handle) {
 int conveyor_spm_bos_id(void* handle) { return static_cast<Processor*>(handle)->bos_id(); }
 int conveyor_spm_eos_id(void* handle) { return static_cast<Processor*>(handle)->eos_id(); }
 int conveyor_spm_pad_id(void* handle) { return static_cast<Processor*>(handle)->pad_id(); }
+int conveyor_spm_unk_id(void* handle) { return static_cast<Processor*>(handle)->unk_id(); }
 
 // Whether `id` (in range) is a control or the unknown piece: what callers treat as special.
 int conveyor_spm_is_special(void* handle, int id) {
