@@ -16,8 +16,10 @@ namespace {
 
 using Processor = sentencepiece::SentencePieceProcessor;
 
-// Copies `text` into `out` if it fits; returns its size either way.
+// Copies `text` into `out` if it fits; returns its size either way. The caller sizes its
+// buffer by the returned length: no terminating NUL is written.
 size_t CopyOut(const std::string& text, char* out, size_t capacity) {
+  // NOLINTNEXTLINE(bugprone-not-null-terminated-result): length-delimited, see above.
   if (text.size() <= capacity) std::memcpy(out, text.data(), text.size());
   return text.size();
 }
