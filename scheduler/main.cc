@@ -112,6 +112,8 @@ absl::StatusOr<std::unique_ptr<conveyor::scheduler::HttpServer>> ServeHttp(
   options.model_aliases = {config.model_dir};
   options.chat_template = chat_template;
   options.tool_call_format = config.tool_call_format;
+  options.reasoning_parser = config.reasoning_parser;
+  options.max_reasoning_tokens = config.max_reasoning_tokens;
   auto http = std::make_unique<conveyor::scheduler::HttpServer>(options, tokenizer, metrics);
   http->SetAuthenticator(authenticator);
   const conveyor::TlsFiles& tls = config.client_tls;

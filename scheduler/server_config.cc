@@ -20,6 +20,11 @@ absl::Status ValidateServerConfig(const ServerConfig& config) {
         "mTLS to the workers needs all of --worker_tls_ca_file, --worker_tls_cert_file and "
         "--worker_tls_key_file");
   }
+  if (config.max_reasoning_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_reasoning_tokens must be 0 (no budget) or positive, got ",
+                     config.max_reasoning_tokens));
+  }
   const HttpTransport::Options& http = config.http;
   if (http.port != 0 &&
       (http.io_threads < 1 || http.offload_threads < 1 || http.max_connections < 1 ||

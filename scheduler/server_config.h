@@ -45,6 +45,11 @@ struct ServerConfig {
   // The syntax the model writes tool calls in ("llama3_json", "hermes", "mistral"), or
   // "auto": recognised from the chat template (docs/structured-output.md).
   std::string tool_call_format = "auto";
+  // How chat outputs are split into reasoning and answer ("none", "qwen3",
+  // "deepseek_r1"), or "auto": recognised from the chat template; and the reasoning
+  // budget of chat requests that set none (0: none) (docs/reasoning.md).
+  std::string reasoning_parser = "auto";
+  int max_reasoning_tokens = 0;
 
   // Batching and the KV cache.
   PolicyOptions policy;  // Its max_context_tokens comes with the model (ReplicaSettings).

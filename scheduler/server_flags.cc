@@ -57,6 +57,14 @@ ABSL_FLAG(std::string, http_host, "", "Address for the HTTP API; empty means --h
 ABSL_FLAG(std::string, tool_call_format, "auto",
           "The syntax the model writes tool calls in: llama3_json, hermes, mistral, or auto "
           "(recognised from the chat template). Requests with tools need one.");
+ABSL_FLAG(std::string, reasoning_parser, "auto",
+          "How chat outputs are split into reasoning_content and content (docs/reasoning.md): "
+          "none, qwen3, deepseek_r1, or auto (recognised from the chat template: <think> in "
+          "it).");
+ABSL_FLAG(int, max_reasoning_tokens, 0,
+          "Reasoning tokens a chat request may spend before the server ends its thinking "
+          "(</think>) and lets the answer follow, for requests that set no "
+          "max_reasoning_tokens; 0: no budget.");
 ABSL_FLAG(int, http_io_threads, 2,
           "Threads that serve every HTTP connection's I/O (connections cost memory, not "
           "threads).");
@@ -145,6 +153,8 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   http.host = absl::GetFlag(FLAGS_http_host).empty() ? c.host : absl::GetFlag(FLAGS_http_host);
   http.port = absl::GetFlag(FLAGS_http_port);
   c.tool_call_format = absl::GetFlag(FLAGS_tool_call_format);
+  c.reasoning_parser = absl::GetFlag(FLAGS_reasoning_parser);
+  c.max_reasoning_tokens = absl::GetFlag(FLAGS_max_reasoning_tokens);
   http.io_threads = absl::GetFlag(FLAGS_http_io_threads);
   http.offload_threads = absl::GetFlag(FLAGS_http_offload_threads);
   http.max_connections = absl::GetFlag(FLAGS_http_max_connections);

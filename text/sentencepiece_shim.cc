@@ -16,8 +16,10 @@ namespace {
 
 using Processor = sentencepiece::SentencePieceProcessor;
 
-// Copies `text` into `out` if it fits; returns its size either way.
+// Copies `text` into `out` if it fits; returns its size either way. The caller sizes its
+// buffer by the returned length: no terminating NUL is written.
 size_t CopyOut(const std::string& text, char* out, size_t capacity) {
+  // NOLINTNEXTLINE(bugprone-not-null-terminated-result): length-delimited, see above.
   if (text.size() <= capacity) std::memcpy(out, text.data(), text.size());
   return text.size();
 }
@@ -71,6 +73,7 @@ int conveyor_spm_piece_size(void* handle) {
 int conveyor_spm_bos_id(void* handle) { return static_cast<Processor*>(handle)->bos_id(); }
 int conveyor_spm_eos_id(void* handle) { return static_cast<Processor*>(handle)->eos_id(); }
 int conveyor_spm_pad_id(void* handle) { return static_cast<Processor*>(handle)->pad_id(); }
+int conveyor_spm_unk_id(void* handle) { return static_cast<Processor*>(handle)->unk_id(); }
 
 // Whether `id` (in range) is a control or the unknown piece: what callers treat as special.
 int conveyor_spm_is_special(void* handle, int id) {

@@ -3,11 +3,13 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,7 @@ struct SentencePieceTokenizer::Shim {
   int (*bos_id)(void* handle);
   int (*eos_id)(void* handle);
   int (*pad_id)(void* handle);
+  int (*unk_id)(void* handle);
   int (*is_special)(void* handle, int id);
 };
 
@@ -69,6 +72,7 @@ absl::StatusOr<const SentencePieceTokenizer::Shim*> LoadShim() {
           Resolve(lib, "conveyor_spm_bos_id", &s->bos_id) &&
           Resolve(lib, "conveyor_spm_eos_id", &s->eos_id) &&
           Resolve(lib, "conveyor_spm_pad_id", &s->pad_id) &&
+          Resolve(lib, "conveyor_spm_unk_id", &s->unk_id) &&
           Resolve(lib, "conveyor_spm_is_special", &s->is_special)) {
         return s;
       }
@@ -84,7 +88,7 @@ absl::StatusOr<const SentencePieceTokenizer::Shim*> LoadShim() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::Load(
-    const std::string& path) {
+    const std::string& path, const Options& options) {
   absl::StatusOr<const Shim*> shim = LoadShim();
   if (!shim.ok()) return shim.status();
   char error[512] = {0};
@@ -102,12 +106,80 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
     return code == static_cast<int>(absl::StatusCode::kNotFound) ? absl::NotFoundError(message)
                                                                  : absl::DataLossError(message);
   }
-  return std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(*shim, handle));
+  std::unique_ptr<SentencePieceTokenizer> tokenizer(new SentencePieceTokenizer(*shim, handle));
+  SentencePieceTokenizer& t = *tokenizer;
+  t.legacy_ = options.legacy;
+  absl::flat_hash_set<std::string> seen;
+  const int pieces = t.vocab_size();
+  for (int id = 0; id < pieces; ++id) {
+    if (!t.IsSpecial(id)) continue;
+    std::string piece = t.Piece(id);
+    if (!piece.empty() && seen.insert(piece).second) t.specials_.emplace_back(piece, id);
+  }
+  for (const auto& [content, id] : options.added_tokens) {
+    if (!content.empty() && id >= 0 && id < pieces && seen.insert(content).second) {
+      t.specials_.emplace_back(content, id);
+    }
+  }
+  // Longest first: at one position the longest token wins, as in HF's trie.
+  std::stable_sort(t.specials_.begin(), t.specials_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  for (const auto& special : t.specials_) {
+    t.starts_special_[static_cast<unsigned char>(special.first[0])] = true;
+  }
+  if (const int unk = t.shim_->unk_id(t.handle_); unk >= 0 && unk < pieces) {
+    t.unk_piece_ = t.Piece(unk);
+    absl::StatusOr<std::vector<int>> unk_ids = t.EncodePieces(t.unk_piece_);
+    if (unk_ids.ok()) t.unk_piece_ids_ = unk_ids->size();
+  }
+  return tokenizer;
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() { shim_->free(handle_); }
 
 absl::StatusOr<std::vector<int>> SentencePieceTokenizer::Encode(std::string_view text) const {
+  std::vector<int> ids;
+  size_t stretch = 0;  // Where the text since the last special token begins.
+  size_t pos = 0;
+  while (pos < text.size()) {
+    if (!starts_special_[static_cast<unsigned char>(text[pos])]) {
+      ++pos;
+      continue;
+    }
+    const auto special = std::find_if(specials_.begin(), specials_.end(), [&](const auto& s) {
+      return text.substr(pos).starts_with(s.first);
+    });
+    if (special == specials_.end()) {
+      ++pos;
+      continue;
+    }
+    if (absl::Status s = EncodeStretch(text.substr(stretch, pos - stretch), stretch == 0, &ids);
+        !s.ok()) {
+      return s;
+    }
+    ids.push_back(special->second);
+    pos += special->first.size();
+    stretch = pos;
+  }
+  if (absl::Status s = EncodeStretch(text.substr(stretch), stretch == 0, &ids); !s.ok()) return s;
+  return ids;
+}
+
+absl::Status SentencePieceTokenizer::EncodeStretch(std::string_view text, bool at_start,
+                                                   std::vector<int>* ids) const {
+  if (text.empty()) return absl::OkStatus();
+  // HF's non-legacy encoding: no dummy prefix after a special token, got by encoding
+  // behind the unknown piece and dropping that piece's ids.
+  const bool behind_unk = !legacy_ && !at_start && unk_piece_ids_ > 0;
+  absl::StatusOr<std::vector<int>> encoded =
+      behind_unk ? EncodePieces(unk_piece_ + std::string(text)) : EncodePieces(text);
+  if (!encoded.ok()) return encoded.status();
+  const size_t skip = behind_unk ? std::min(unk_piece_ids_, encoded->size()) : 0;
+  ids->insert(ids->end(), encoded->begin() + static_cast<std::ptrdiff_t>(skip), encoded->end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> SentencePieceTokenizer::EncodePieces(std::string_view text) const {
   std::vector<int> ids(text.size() + 8);
   for (;;) {
     const long n = shim_->encode(handle_, text.data(), text.size(), ids.data(), ids.size());

@@ -1,5 +1,18 @@
 // The Tokenizer (tokenizer.h) of a sentencepiece model, `tokenizer.model`.
 //
+// Special tokens written in the text become their ids, as Hugging Face's LlamaTokenizer
+// (slow, and the fast one converted from it) does: the text is cut at every special token
+// (sentencepiece's control and unknown pieces, e.g. "<s>", "</s>", "<unk>", and the
+// added tokens tokenizer_config.json lists), longest first, and each stretch between them
+// is encoded by sentencepiece on its own. Sentencepiece itself would read "<s>" as the
+// text pieces "▁<", "s", ">". The stretches' dummy prefix ("▁" in front, when the model
+// adds one) follows HF's `legacy` setting: legacy (HF's default, Llama 2 and Mistral
+// v0.1 configs) gives every stretch one, so "<s>[INST]" is "<s>", "▁[", "INST", …;
+// non-legacy gives it only to a text's start, so "<s>[INST]" is "<s>", "[", "INST", …
+// (HF encodes such a stretch after the unknown piece and drops that piece's tokens; so
+// does this). The tokens' lstrip/rstrip flags (whitespace eaten around an added token) are
+// not applied: Llama's and Mistral's special tokens have them off.
+//
 // sentencepiece is reached through a small shared library loaded in isolation
 // (sentencepiece_shim.cc explains why). It is looked up at $CONVEYOR_SPM_SHIM, next to
 // the running executable, in the build tree, then on the library path.
@@ -19,7 +32,18 @@ class SentencePieceTokenizer final : public Tokenizer {
  public:
   // Loads the model at `path`: NotFound if it cannot be opened, DataLoss if it is not a
   // sentencepiece model; both name the path.
-  static absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> Load(const std::string& path);
+  struct Options {
+    // HF's `legacy` (tokenizer_config.json): a dummy prefix after every special token.
+    bool legacy = true;
+    // tokenizer_config.json's added_tokens_decoder: (content, id) of tokens to cut the
+    // text at, besides the model's control and unknown pieces.
+    std::vector<std::pair<std::string, int>> added_tokens;
+  };
+  static absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> Load(const std::string& path,
+                                                                      const Options& options);
+  static absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> Load(const std::string& path) {
+    return Load(path, Options());
+  }
   ~SentencePieceTokenizer() override;
 
   std::string_view kind() const override { return "sentencepiece"; }
@@ -39,8 +63,20 @@ class SentencePieceTokenizer final : public Tokenizer {
  private:
   SentencePieceTokenizer(const Shim* shim, void* handle) : shim_(shim), handle_(handle) {}
 
+  // sentencepiece's own encoding of `text` (no special-token cutting).
+  absl::StatusOr<std::vector<int>> EncodePieces(std::string_view text) const;
+  // One stretch between special tokens; `at_start`: it begins the text.
+  absl::Status EncodeStretch(std::string_view text, bool at_start, std::vector<int>* ids) const;
+
   const Shim* shim_;
   void* handle_;  // The shim's processor.
+  bool legacy_ = true;
+  // The special tokens' text and id, longest first, and which bytes begin one.
+  std::vector<std::pair<std::string, int>> specials_;
+  bool starts_special_[256] = {};
+  // Non-legacy: the unknown piece's text and how many ids sentencepiece gives it alone.
+  std::string unk_piece_;
+  size_t unk_piece_ids_ = 0;
 };
 
 }  // namespace conveyor

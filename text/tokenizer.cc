@@ -1,14 +1,49 @@
 #include "text/tokenizer.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <system_error>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "text/hf_tokenizer.h"
 #include "text/sentencepiece_tokenizer.h"
 
 namespace conveyor {
+namespace {
+
+// What tokenizer_config.json says about a sentencepiece model's encoding, as HF's
+// LlamaTokenizer reads it: `legacy` (absent: true, HF's default) and the added tokens of
+// `added_tokens_decoder` ({"<id>": {"content": ...}}). A missing or unreadable file gives
+// the defaults.
+SentencePieceTokenizer::Options SentencePieceOptions(const std::filesystem::path& config_path) {
+  SentencePieceTokenizer::Options options;
+  std::ifstream in(config_path);
+  if (!in) return options;
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, false);
+  if (!config.is_object()) return options;
+  if (const auto it = config.find("legacy"); it != config.end() && it->is_boolean()) {
+    options.legacy = it->get<bool>();
+  }
+  if (const auto it = config.find("added_tokens_decoder"); it != config.end() && it->is_object()) {
+    for (const auto& [key, token] : it->items()) {
+      int id = -1;
+      if (!absl::SimpleAtoi(key, &id) || !token.is_object()) continue;
+      const auto content = token.find("content");
+      if (content != token.end() && content->is_string()) {
+        options.added_tokens.emplace_back(content->get<std::string>(), id);
+      }
+    }
+  }
+  return options;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& model_dir) {
   const std::filesystem::path dir(model_dir);
@@ -28,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& mo
                                             " nor ", model_path, " exists"));
   }
   absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> spm =
-      SentencePieceTokenizer::Load(model_path);
+      SentencePieceTokenizer::Load(model_path, SentencePieceOptions(dir / "tokenizer_config.json"));
   if (!spm.ok()) return spm.status();
   return std::unique_ptr<Tokenizer>(*std::move(spm));
 }

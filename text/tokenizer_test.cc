@@ -1,5 +1,6 @@
 #include "text/tokenizer.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,56 @@ TEST(TokenizerLoadTest, CorruptModelIsDataLossNamingPath) {
   auto tokenizer = Tokenizer::Load(dir.path());
   EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(tokenizer.status().message(), HasSubstr(path));
+}
+
+// Special tokens in the text are cut out and become their ids, as HF's LlamaTokenizer does
+// (a chat template's "{{ bos_token }}" is the BOS id, not the pieces of "<s>"), with the
+// dummy prefix after them as its `legacy` setting says.
+TEST_F(TokenizerTest, SpecialTokenTextBecomesItsIdLegacy) {
+  auto tokenizer = LoadOrDie();
+  ASSERT_NE(tokenizer, nullptr);
+  auto hello = tokenizer->Encode("hello world");
+  auto ids = tokenizer->Encode("<s>hello world</s><unk>");
+  ASSERT_TRUE(hello.ok() && ids.ok());
+  // Legacy (HF's default): each stretch is encoded alone, dummy prefix and all.
+  std::vector<int> expected = {1};
+  expected.insert(expected.end(), hello->begin(), hello->end());
+  expected.push_back(2);
+  expected.push_back(0);
+  EXPECT_EQ(*ids, expected);
+  EXPECT_EQ(tokenizer->Piece((*ids)[1]).rfind("\u2581", 0), 0u);
+  // Text that only looks like one stays text; so does text in the middle of a word.
+  auto near = tokenizer->Encode("<s hello");
+  ASSERT_TRUE(near.ok());
+  EXPECT_THAT(*near, Each(::testing::Ne(1)));
+  auto framed = tokenizer->EncodeWithSpecialTokens("hello<s>");
+  ASSERT_TRUE(framed.ok());
+  EXPECT_EQ(framed->front(), 1);
+  EXPECT_EQ(framed->back(), 1);
+}
+
+TEST_F(TokenizerTest, SpecialTokenTextNonLegacyHasNoDummyPrefixAfterIt) {
+  dir_.WriteFile("tokenizer_config.json", R"({"legacy": false, "added_tokens_decoder": {
+      "5": {"content": "[X]", "special": true}}})");
+  auto tokenizer = LoadOrDie();
+  ASSERT_NE(tokenizer, nullptr);
+  auto ids = tokenizer->Encode("<s>hello[X] world");
+  ASSERT_TRUE(ids.ok());
+  ASSERT_GE(ids->size(), 4u);
+  EXPECT_EQ((*ids)[0], 1);
+  // "hello" right after <s>: no "▁" in front (HF legacy=False).
+  EXPECT_NE(tokenizer->Piece((*ids)[1]).rfind("\u2581", 0), 0u) << tokenizer->Piece((*ids)[1]);
+  const auto added = std::find(ids->begin(), ids->end(), 5);
+  ASSERT_NE(added, ids->end());  // The added token of tokenizer_config.json.
+  // " world": its own space is kept, as one "▁".
+  EXPECT_EQ(tokenizer->Piece(*(added + 1)).rfind("\u2581", 0), 0u);
+  auto start = tokenizer->Encode("<s>hello");
+  ASSERT_TRUE(start.ok());
+  EXPECT_EQ(tokenizer->Decode(*start), "hello");
+  // The start of a text keeps its dummy prefix.
+  auto plain = tokenizer->Encode("hello world");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(tokenizer->Piece(plain->front()).rfind("\u2581", 0), 0u);
 }
 
 }  // namespace

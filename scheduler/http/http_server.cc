@@ -85,81 +85,223 @@ std::pair<std::string, std::string> TemplateSpecialTokens(const std::string& mod
   return {std::move(bos), std::move(eos)};
 }
 
+// What a request with a reasoning budget needs to continue its answer (docs/reasoning.md):
+// its first generation is limited to the budget; if it ends there with tokens left, a
+// second one continues from the prompt and every token so far, after kReasoningEndText's
+// tokens when the reasoning had not ended, up to the request's max_tokens in all.
+struct Continuation {
+  Engine* engine = nullptr;
+  ServingLimits limits;
+  const Tokenizer* tokenizer = nullptr;
+  v1::GenerateRequest generate;  // The first generation's sampling and stopping.
+  std::vector<int32_t> prompt;   // Its prompt's tokens.
+  std::vector<int32_t> end_ids;  // kReasoningEndText's tokens.
+  int total_max_tokens = 0;
+  std::string request_id;
+};
+
 // One request's answer on its way from the engine to its connection. The engine calls
-// Send and Finish on its delivery thread and must never wait: both only queue, and the
-// first message of a batch asks the connection (HttpExchange::Post) to run Drain, which
-// formats everything queued by then into one write. Nothing is drained before Begin (the
-// request was admitted and the answer may start), so an early token cannot overtake the
-// stream's opening.
-class GenerationSink final : public ResponseSink,
-                             public std::enable_shared_from_this<GenerationSink> {
+// Send and Finish (through the PhaseSink of the generation that runs) on its delivery
+// thread and must never wait: both only queue, and the first event of a batch asks the
+// connection (HttpExchange::Post) to run Drain, which formats everything queued by then
+// into one write. Nothing is drained before Begin (the request was admitted and the answer
+// may start), so an early token cannot overtake the stream's opening. A reasoning budget
+// may make the answer two generations (phases); the client sees one.
+class GenerationSink final : public std::enable_shared_from_this<GenerationSink> {
  public:
   GenerationSink(std::shared_ptr<HttpExchange> exchange, openai::ResponseFormatter formatter,
-                 bool stream, std::shared_ptr<TokenAuthenticator::Grant> grant)
+                 bool stream, std::shared_ptr<TokenAuthenticator::Grant> grant,
+                 std::optional<Continuation> continuation)
       : exchange_(std::move(exchange)),
         formatter_(std::move(formatter)),
         stream_(stream),
-        grant_(std::move(grant)) {}
+        grant_(std::move(grant)),
+        continuation_(std::move(continuation)) {}
 
-  void Send(v1::GenerateResponse message) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(std::move(message));
-    ScheduleLocked();
+  // The engine's sink for generation `phase` of this answer.
+  std::shared_ptr<ResponseSink> PhaseSink(int phase) {
+    class Sink final : public ResponseSink {
+     public:
+      Sink(std::shared_ptr<GenerationSink> answer, int phase)
+          : answer_(std::move(answer)), phase_(phase) {}
+      void Send(v1::GenerateResponse message) override {
+        answer_->Queue({phase_, std::move(message), std::nullopt});
+      }
+      void Finish(const absl::Status& status) override {
+        answer_->Queue({phase_, std::nullopt, status});
+      }
+
+     private:
+      const std::shared_ptr<GenerationSink> answer_;
+      const int phase_;
+    };
+    return std::make_shared<Sink>(shared_from_this(), phase);
   }
 
-  void Finish(const absl::Status& status) override {
+  // The engine accepted the request (as `engine_id`): the answer may start.
+  void Begin(uint64_t engine_id) {
     std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-    ended_ = true;
-    ScheduleLocked();
-  }
-
-  // The engine accepted the request: the answer may start.
-  void Begin() {
-    std::lock_guard<std::mutex> lock(mu_);
+    engine_id_ = engine_id;
     begun_ = true;
     ScheduleLocked();
   }
 
+  // The client left: cancels the generation that runs (and any that would follow).
+  void Cancel(Engine* engine) {
+    uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      client_gone_ = true;
+      id = engine_id_;
+    }
+    engine->Cancel(id);
+  }
+
  private:
+  // A message or the end of generation `phase`.
+  struct Event {
+    int phase;
+    std::optional<v1::GenerateResponse> message;
+    std::optional<absl::Status> finish;
+  };
+
+  void Queue(Event event) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(std::move(event));
+    ScheduleLocked();
+  }
+
   void ScheduleLocked() {
     if (!begun_ || scheduled_) return;
     scheduled_ = true;
     exchange_->Post([self = shared_from_this()] { self->Drain(); });
   }
 
-  // On the connection's context.
-  void Drain() {
-    std::vector<v1::GenerateResponse> messages;
-    absl::Status status;
-    bool ended = false;
+  void Format(const v1::GenerateResponse& message, std::string* out) {
+    if (stream_) {
+      formatter_.AppendEvents(message, out);
+    } else {
+      formatter_.Add(message);
+    }
+  }
+
+  // On the connection's context: the final message of the first generation, which ended
+  // at the reasoning budget. Formats it as a message that does not end the answer and
+  // starts the second generation; OK when the answer goes on (or ended here), else the
+  // error that ends it.
+  absl::Status Continue(v1::GenerateResponse message, std::string* out) {
+    Continuation& c = *continuation_;
+    first_usage_ = message.usage();
+    message.clear_usage();
+    message.set_finish_reason(v1::FINISH_REASON_UNSPECIFIED);
+    Format(message, out);
+    if (formatter_.reasoning_open()) {
+      v1::GenerateResponse end;
+      end.set_request_id(message.request_id());
+      end.set_text(std::string(openai::kReasoningEndText));
+      end.mutable_token_ids()->Add(c.end_ids.begin(), c.end_ids.end());
+      Format(end, out);
+      generated_.insert(generated_.end(), c.end_ids.begin(), c.end_ids.end());
+      added_tokens_ = static_cast<int>(c.end_ids.size());
+    }
+    const int remaining = c.total_max_tokens - static_cast<int>(generated_.size());
+    absl::StatusOr<std::unique_ptr<Request>> built = absl::InternalError("");
+    if (remaining > 0) {
+      v1::GenerateRequest g = c.generate;
+      g.clear_text();
+      g.clear_add_bos();
+      g.mutable_token_ids()->mutable_ids()->Add(c.prompt.begin(), c.prompt.end());
+      g.mutable_token_ids()->mutable_ids()->Add(generated_.begin(), generated_.end());
+      g.set_max_new_tokens(remaining);
+      built = BuildRequest(g, c.limits, *c.tokenizer);
+    }
+    if (remaining <= 0) {
+      // The end text took the last of max_tokens: the answer ends here (with the first
+      // generation's Finish, still to come).
+      v1::GenerateResponse last;
+      last.set_request_id(message.request_id());
+      last.set_finish_reason(v1::FINISH_REASON_LENGTH);
+      *last.mutable_usage() = SummedUsage(v1::Usage());
+      Format(last, out);
+      return absl::OkStatus();
+    }
+    if (!built.ok()) return built.status();
+    std::unique_ptr<Request> r = *std::move(built);
+    r->request_id = c.request_id;
+    r->front_end = FrontEnd::kHttp;
+    r->sink = PhaseSink(1);
+    absl::StatusOr<uint64_t> id = c.engine->Submit(std::move(r));
+    if (!id.ok()) return id.status();
+    bool gone = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      messages.swap(pending_);
-      status = status_;
-      ended = ended_;
+      engine_id_ = *id;
+      gone = client_gone_;
+    }
+    if (gone) c.engine->Cancel(*id);
+    phase_ = 1;
+    return absl::OkStatus();
+  }
+
+  // The answer's usage: the first generation's prompt, every generated token (and the
+  // end text's), `second`'s timings where it has them.
+  v1::Usage SummedUsage(const v1::Usage& second) const {
+    v1::Usage usage = first_usage_;
+    usage.set_generated_tokens(first_usage_.generated_tokens() + added_tokens_ +
+                               second.generated_tokens());
+    usage.set_e2e_latency_ms(std::max(first_usage_.e2e_latency_ms(), second.e2e_latency_ms()));
+    usage.set_preemptions(first_usage_.preemptions() + second.preemptions());
+    return usage;
+  }
+
+  // On the connection's context.
+  void Drain() {
+    std::vector<Event> events;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events.swap(pending_);
       scheduled_ = false;
     }
     if (done_) return;
-    if (stream_) {
-      std::string out;
-      if (!opened_) {
-        exchange_->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
-        formatter_.AppendStart(&out);
-        opened_ = true;
+    std::string out;
+    if (stream_ && !opened_) {
+      exchange_->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+      formatter_.AppendStart(&out);
+      opened_ = true;
+    }
+    absl::Status status;
+    bool ended = false;
+    for (Event& event : events) {
+      // A generation that was continued has nothing more to say (its Finish).
+      if (ended || event.phase != phase_) continue;
+      if (event.finish.has_value()) {
+        status = *event.finish;
+        ended = true;
+        continue;
       }
-      for (const v1::GenerateResponse& m : messages) formatter_.AppendEvents(m, &out);
+      v1::GenerateResponse& message = *event.message;
+      const bool final = message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+      if (continuation_.has_value() && phase_ == 0) {
+        generated_.insert(generated_.end(), message.token_ids().begin(), message.token_ids().end());
+        if (final && message.finish_reason() == v1::FINISH_REASON_LENGTH &&
+            static_cast<int>(generated_.size()) < continuation_->total_max_tokens) {
+          status = Continue(std::move(message), &out);
+          ended = !status.ok();
+          continue;
+        }
+      }
+      if (phase_ == 1 && final) *message.mutable_usage() = SummedUsage(message.usage());
+      Format(message, &out);
+    }
+    if (stream_) {
       // "data: {error}" then the end of the stream, with no [DONE]: how OpenAI's clients
       // learn of a failure after the 200 went out.
       if (ended && !status.ok()) out += openai::ErrorEvent(status);
       exchange_->Write(std::move(out));
       if (ended) exchange_->EndStream();
-    } else {
+    } else if (ended) {
       // The whole answer is waited for, so its HTTP status can still say how it ended.
-      for (const v1::GenerateResponse& m : messages) formatter_.Add(m);
-      if (ended) {
-        exchange_->Respond(status.ok() ? Json200(formatter_.Body()) : ErrorResponse(status));
-      }
+      exchange_->Respond(status.ok() ? Json200(formatter_.Body()) : ErrorResponse(status));
     }
     if (ended) {
       done_ = true;
@@ -172,15 +314,20 @@ class GenerationSink final : public ResponseSink,
   openai::ResponseFormatter formatter_;
   const bool stream_;
   const std::shared_ptr<TokenAuthenticator::Grant> grant_;
+  std::optional<Continuation> continuation_;
   bool opened_ = false;
   bool done_ = false;
+  int phase_ = 0;                   // The generation whose events count.
+  std::vector<int32_t> generated_;  // The first generation's tokens (and the end text's).
+  int added_tokens_ = 0;            // The end text's tokens.
+  v1::Usage first_usage_;
 
   std::mutex mu_;
-  std::vector<v1::GenerateResponse> pending_;  // Guarded by mu_, as is everything below.
-  absl::Status status_;
-  bool ended_ = false;
+  std::vector<Event> pending_;  // Guarded by mu_, as is everything below.
   bool begun_ = false;
   bool scheduled_ = false;
+  bool client_gone_ = false;
+  uint64_t engine_id_ = 0;
 };
 
 }  // namespace
@@ -222,6 +369,29 @@ absl::Status HttpServer::Start() {
     }
     chat_.tool_call_format = *format;
   }
+  chat_.default_max_reasoning_tokens = options_.max_reasoning_tokens;
+  if (options_.reasoning_parser != "auto") {
+    absl::StatusOr<openai::ReasoningFormat> format =
+        openai::ReasoningFormatFromName(options_.reasoning_parser);
+    if (!format.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--reasoning_parser: ", format.status().message()));
+    }
+    chat_.reasoning_format = *format;
+  } else if (chat_.chat_template != nullptr) {
+    chat_.reasoning_format = openai::GuessReasoningFormat(chat_.chat_template->source());
+  }
+  if (absl::StatusOr<std::vector<int>> ids = tokenizer_->Encode(openai::kReasoningEndText);
+      ids.ok()) {
+    reasoning_end_ids_.assign(ids->begin(), ids->end());
+  }
+  spdlog::info(
+      "reasoning parser: {} ({}){}", openai::ReasoningFormatName(chat_.reasoning_format),
+      options_.reasoning_parser == "auto" ? "recognised from the chat template"
+                                          : "--reasoning_parser",
+      chat_.default_max_reasoning_tokens > 0
+          ? absl::StrCat(", default max_reasoning_tokens ", chat_.default_max_reasoning_tokens)
+          : "");
   if (chat_.chat_template != nullptr) {
     chat_.renders_tools =
         openai::TemplateRendersTools(*chat_.chat_template, chat_.bos_token, chat_.eos_token);
@@ -373,18 +543,30 @@ void HttpServer::Generate(Endpoint endpoint, HttpRequest& request,
   std::unique_ptr<Request> r = std::move(*built);
   r->request_id = id;  // Names the request in the engine's log lines.
   r->front_end = FrontEnd::kHttp;
+  std::optional<Continuation> continuation;
+  if (parsed.reasoning_budget_tokens > 0) {
+    continuation.emplace();
+    continuation->engine = engine;
+    continuation->limits = limits_;
+    continuation->tokenizer = tokenizer_;
+    continuation->generate = std::move(parsed.generate);
+    continuation->prompt.assign(r->tokens.begin(), r->tokens.begin() + r->num_prompt_tokens);
+    continuation->end_ids = reasoning_end_ids_;
+    continuation->total_max_tokens = parsed.total_max_tokens;
+    continuation->request_id = id;
+  }
   auto sink = std::make_shared<GenerationSink>(
       exchange, openai::ResponseFormatter(parsed, id, UnixSeconds(), options_.model_name),
-      parsed.stream, grant);
-  r->sink = sink;
+      parsed.stream, grant, std::move(continuation));
+  r->sink = sink->PhaseSink(0);
   absl::StatusOr<uint64_t> engine_id = engine->Submit(std::move(r));
   if (!engine_id.ok()) return Reject(engine_id.status(), *exchange);
+  sink->Begin(*engine_id);
   // A client that leaves frees its request's KV blocks at the next step.
-  exchange->OnClientGone([engine, id = *engine_id, grant] {
-    engine->Cancel(id);
+  exchange->OnClientGone([engine, weak = std::weak_ptr<GenerationSink>(sink), grant] {
+    if (std::shared_ptr<GenerationSink> answer = weak.lock()) answer->Cancel(engine);
     grant->Release();
   });
-  sink->Begin();
 }
 
 void HttpServer::Reject(const absl::Status& status, HttpExchange& exchange) const {

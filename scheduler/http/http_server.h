@@ -57,6 +57,10 @@ class HttpServer final : private HttpHandler {
     const jinja::ChatTemplate* chat_template = nullptr;
     // --tool_call_format: a format's name, or "auto" (recognised from the template).
     std::string tool_call_format = "auto";
+    // --reasoning_parser: a parser's name, or "auto" (recognised from the template), and
+    // --max_reasoning_tokens, the budget of chat requests that set none (0: none).
+    std::string reasoning_parser = "auto";
+    int max_reasoning_tokens = 0;
   };
 
   // `tokenizer` and `metrics` (nullable) must outlive the server.
@@ -117,6 +121,8 @@ class HttpServer final : private HttpHandler {
   const int64_t created_unix_s_;  // Start-up time: the model's "created".
 
   openai::ChatTemplating chat_;  // Its special tokens are set by Start.
+  // The tokens of openai::kReasoningEndText, which end reasoning at its budget.
+  std::vector<int32_t> reasoning_end_ids_;
 
   std::atomic<Engine*> engine_{nullptr};
   ServingLimits limits_;  // Written by SetEngine before engine_ is published.

@@ -293,6 +293,20 @@ absl::Status ParseChat(const Json& body, const ParseOptions& options, ParsedRequ
                    GetInteger(body, "max_tokens", 1, std::numeric_limits<int32_t>::max()));
   if (max_completion.has_value()) max_tokens = max_completion;
   if (max_tokens.has_value()) r->generate.set_max_new_tokens(static_cast<int32_t>(*max_tokens));
+
+  // vLLM's extensions for reasoning models (docs/reasoning.md).
+  if (const Json* kwargs = Field(body, "chat_template_kwargs"); kwargs != nullptr) {
+    if (!kwargs->is_object()) {
+      return WrongType("chat_template_kwargs",
+                       "an object of extra chat template variables, e.g. "
+                       "{\"enable_thinking\": false}");
+    }
+    r->chat_template_kwargs = *kwargs;
+  }
+  ASSIGN_OR_RETURN(
+      std::optional<int64_t> reasoning_budget,
+      GetInteger(body, "max_reasoning_tokens", 1, std::numeric_limits<int32_t>::max()));
+  if (reasoning_budget.has_value()) r->max_reasoning_tokens = static_cast<int>(*reasoning_budget);
   return absl::OkStatus();
 }
 
@@ -565,6 +579,11 @@ Json ChatTemplateContext(const ParsedRequest& request, std::string_view bos_toke
   context["add_generation_prompt"] = true;
   context["bos_token"] = bos_token;
   context["eos_token"] = eos_token;
+  if (request.chat_template_kwargs.is_object()) {
+    for (const auto& [key, value] : request.chat_template_kwargs.items()) {
+      if (key != "messages") context[key] = value;
+    }
+  }
   return context;
 }
 
@@ -692,6 +711,21 @@ ResponseFormatter::ResponseFormatter(const ParsedRequest& request, std::string_v
   if (request.tool_call_format.has_value()) {
     tool_parser_ = MakeToolCallParser(*request.tool_call_format, RandomToolCallIdSource());
   }
+  if (request.reasoning_format != ReasoningFormat::kNone) {
+    reasoning_parser_ =
+        std::make_unique<ReasoningParser>(request.reasoning_format, request.prompt_thinking);
+  }
+}
+
+ReasoningDelta ResponseFormatter::SplitReasoning(const std::string& text, bool final) {
+  if (reasoning_parser_ == nullptr) return {.reasoning = "", .content = text};
+  ReasoningDelta delta = reasoning_parser_->Feed(text);
+  if (final) {
+    ReasoningDelta rest = reasoning_parser_->Finish();
+    delta.reasoning += rest.reasoning;
+    delta.content += rest.content;
+  }
+  return delta;
 }
 
 Json ResponseFormatter::ToolCallDeltas(const std::vector<ToolCallDelta>& calls) {
@@ -788,12 +822,14 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
                              logprobs, R"(,"finish_reason":)", finish, "}")));
     }
   } else {
-    // With tools on, the text goes through the call parser: content and calls come out
-    // as they are decided.
-    std::string content = message.text();
+    // With a reasoning parser, the text is split into reasoning and answer first; with
+    // tools on, the answer goes through the call parser: content and calls come out as
+    // they are decided.
+    ReasoningDelta split = SplitReasoning(message.text(), final);
+    std::string content = std::move(split.content);
     Json calls;
     if (tool_parser_ != nullptr) {
-      ToolCallStreamDelta delta = tool_parser_->Feed(message.text());
+      ToolCallStreamDelta delta = tool_parser_->Feed(content);
       if (final) {
         ToolCallStreamDelta rest = tool_parser_->Finish();
         delta.content += rest.content;
@@ -803,8 +839,18 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
       tool_calls_made_ = tool_parser_->num_calls();
       if (!delta.tool_calls.empty()) calls = ToolCallDeltas(delta.tool_calls);
     }
-    if (!content.empty() || has_logprobs || !calls.is_null()) {
-      std::string fields = absl::StrCat(R"("content":)", Dump(Json(content)));
+    const bool reasoning = !split.reasoning.empty();
+    if (reasoning || !content.empty() || has_logprobs || !calls.is_null()) {
+      // A delta of reasoning alone has no content (vLLM's shape); both reasoning names
+      // carry the same text.
+      std::string fields;
+      if (reasoning) {
+        const std::string text = Dump(Json(split.reasoning));
+        absl::StrAppend(&fields, R"("reasoning_content":)", text, R"(,"reasoning":)", text);
+      }
+      if (!content.empty() || !reasoning) {
+        absl::StrAppend(&fields, reasoning ? "," : "", R"("content":)", Dump(Json(content)));
+      }
       if (!calls.is_null()) absl::StrAppend(&fields, R"(,"tool_calls":)", Dump(calls));
       sse->append(Chunk(absl::StrCat(R"({"index":0,"delta":{)", fields, R"(},"logprobs":)",
                                      logprobs, R"(,"finish_reason":null})")));
@@ -825,9 +871,12 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
 }
 
 void ResponseFormatter::Add(const v1::GenerateResponse& message) {
-  text_ += message.text();
+  const bool final = message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  ReasoningDelta split = SplitReasoning(message.text(), final);
+  reasoning_ += split.reasoning;
+  text_ += split.content;
   if (logprobs_) AppendLogprobs(message, &logprobs_json_);
-  if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+  if (final) {
     finish_reason_ = message.finish_reason();
     usage_ = message.usage();
     if (tool_parser_ != nullptr) FinishToolCalls();
@@ -857,6 +906,12 @@ std::string ResponseFormatter::Body() const {
     choice["message"] = {{"role", "assistant"}, {"content", text_}};
   } else {
     choice["text"] = text_;
+  }
+  if (reasoning_parser_ != nullptr) {
+    // Both names, as vLLM's releases have used them; null when the model did not reason.
+    Json& message = choice["message"];
+    message["reasoning_content"] = reasoning_.empty() ? Json() : Json(reasoning_);
+    message["reasoning"] = message["reasoning_content"];
   }
   choice["logprobs"] = logprobs_ ? logprobs_json_ : Json();
   choice["finish_reason"] = endpoint_ == Endpoint::kChatCompletions

@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "conveyor.pb.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/http/reasoning.h"
 #include "scheduler/http/tool_calls.h"
 #include "text/bounded_json.h"
 
@@ -82,6 +83,20 @@ struct ParsedRequest {
   bool parallel_tool_calls = true;
   // Set by BuildOpenAiRequest when tools are on: the syntax the output is parsed with.
   std::optional<ToolCallFormat> tool_call_format;
+  // Chat only: extra variables for the chat template (vLLM's chat_template_kwargs, e.g.
+  // {"enable_thinking": false} for Qwen3); null when absent.
+  Json chat_template_kwargs;
+  // Chat only: the client's budget of reasoning tokens (docs/reasoning.md).
+  std::optional<int> max_reasoning_tokens;
+  // Set by BuildOpenAiRequest: how the output is split into reasoning and answer (kNone:
+  // not at all), and where the rendered prompt left the <think> block.
+  ReasoningFormat reasoning_format = ReasoningFormat::kNone;
+  PromptThinking prompt_thinking = PromptThinking::kNone;
+  // Set by BuildOpenAiRequest when a reasoning budget applies: the engine's request is
+  // limited to `reasoning_budget_tokens` and the answer continues in a second generation
+  // (http_server.cc) up to `total_max_tokens` in all.
+  int reasoning_budget_tokens = 0;
+  int total_max_tokens = 0;
 };
 
 // Parses and checks a request body. INVALID_ARGUMENT names the field (also as the param
@@ -96,7 +111,9 @@ bool ServesModel(const ParseOptions& options, std::string_view model);
 absl::Status ModelNotFoundError(std::string_view model, const ParseOptions& options);
 
 // The chat template's variables for `request`: messages, tools (when given),
-// add_generation_prompt = true, bos_token and eos_token.
+// add_generation_prompt = true, bos_token and eos_token, and the request's
+// chat_template_kwargs, which may set any variable but `messages` (as vLLM's and
+// transformers' keyword arguments override the defaults).
 Json ChatTemplateContext(const ParsedRequest& request, std::string_view bos_token,
                          std::string_view eos_token);
 
@@ -151,6 +168,10 @@ class ResponseFormatter {
 
   // Non-streaming: collects one engine message.
   void Add(const v1::GenerateResponse& message);
+  // Whether the output so far is inside its reasoning (false without a reasoning parser).
+  bool reasoning_open() const {
+    return reasoning_parser_ != nullptr && reasoning_parser_->reasoning_open();
+  }
   // The text_completion / chat.completion object, once the final message was added.
   std::string Body() const;
 
@@ -172,6 +193,13 @@ class ResponseFormatter {
   void FinishToolCalls();
   // A streamed chunk's tool_calls array for `calls`.
   static Json ToolCallDeltas(const std::vector<ToolCallDelta>& calls);
+
+  // `text` split into reasoning and content (all content without a reasoning parser);
+  // `final`: the output ends with it.
+  ReasoningDelta SplitReasoning(const std::string& text, bool final);
+  // Non-null when the output is split into reasoning and answer.
+  std::unique_ptr<ReasoningParser> reasoning_parser_;
+  std::string reasoning_;  // Non-streaming: the reasoning so far.
 
   // Non-null when the output is parsed for tool calls.
   std::unique_ptr<ToolCallParser> tool_parser_;

@@ -452,6 +452,120 @@ TEST(ResponseFormatterTest, ChatLogprobsStream) {
   EXPECT_TRUE(entry["top_logprobs"].empty());  // top_logprobs was not asked for.
 }
 
+TEST(ParseRequestTest, ChatTemplateKwargsReachTheTemplate) {
+  auto r = Chat(R"({"messages": [{"role": "user", "content": "hi"}],
+                    "chat_template_kwargs": {"enable_thinking": false, "add_generation_prompt":
+                    false, "messages": [], "bos_token": "<B>"}, "max_reasoning_tokens": 7})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_reasoning_tokens, 7);
+  const Json context = ChatTemplateContext(*r, "<s>", "</s>");
+  EXPECT_EQ(context["enable_thinking"], false);
+  // They override the defaults (as vLLM's), but never the conversation.
+  EXPECT_EQ(context["add_generation_prompt"], false);
+  EXPECT_EQ(context["bos_token"], "<B>");
+  EXPECT_EQ(context["messages"], r->messages);
+
+  for (const char* bad : {R"("chat_template_kwargs": [1])", R"("chat_template_kwargs": "x")",
+                          R"("max_reasoning_tokens": 0)", R"("max_reasoning_tokens": "9")"}) {
+    const std::string body =
+        std::string(R"({"messages": [{"role": "user", "content": "x"}], )") + bad + "}";
+    auto refused = Chat(body);
+    ASSERT_FALSE(refused.ok()) << body;
+    EXPECT_EQ(HttpStatusFor(refused.status()), 400) << body;
+    EXPECT_EQ(ParamOf(refused.status()),
+              std::string(bad).substr(1, std::string(bad).find('"', 1) - 1))
+        << body;
+  }
+}
+
+// A chat request whose output is split as `format` says, the prompt having left thinking
+// in `prompt` (what BuildOpenAiRequest sets from the template and the rendered prompt).
+ParsedRequest ReasoningChat(bool stream, ReasoningFormat format = ReasoningFormat::kDeepSeekR1,
+                            PromptThinking prompt = PromptThinking::kOpen) {
+  auto r = Chat(std::string(R"({"messages": [{"role": "user", "content": "hi"}], "stream": )") +
+                (stream ? "true" : "false") + "}");
+  EXPECT_TRUE(r.ok());
+  r->reasoning_format = format;
+  r->prompt_thinking = prompt;
+  return *r;
+}
+
+TEST(ResponseFormatterTest, ReasoningStreamsApartFromTheAnswer) {
+  ResponseFormatter f(ReasoningChat(true), "chatcmpl-6", 1, "tiny");
+  std::string sse;
+  f.AppendStart(&sse);
+  for (const char* text : {"<think>\nTwo and", " two.</th", "ink>\n", "\nFour", "."}) {
+    f.AppendEvents(Message(text), &sse);
+  }
+  f.AppendEvents(Message("", v1::FINISH_REASON_STOP), &sse);
+  std::string reasoning, content;
+  for (const Json& event : Events(sse)) {
+    if (!event.is_object()) continue;
+    const Json& delta = event["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) {
+      EXPECT_EQ(delta["reasoning"], delta["reasoning_content"]);
+      reasoning += delta["reasoning_content"].get<std::string>();
+    }
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "\nTwo and two.");
+  EXPECT_EQ(content, "Four.");  // The role's opening delta has "" too.
+  EXPECT_EQ(sse.find("think>"), std::string::npos) << sse;
+}
+
+TEST(ResponseFormatterTest, ReasoningInTheWholeBody) {
+  ResponseFormatter f(ReasoningChat(false), "chatcmpl-7", 1, "tiny");
+  f.Add(Message("Hmm</think>\n\nFour"));
+  f.Add(Message(".", v1::FINISH_REASON_STOP));
+  Json message = Json::parse(f.Body())["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "Hmm");
+  EXPECT_EQ(message["reasoning"], "Hmm");
+  EXPECT_EQ(message["content"], "Four.");
+
+  // No end tag: all reasoning, no answer.
+  ResponseFormatter cut(ReasoningChat(false), "chatcmpl-8", 1, "tiny");
+  cut.Add(Message("Hmm, let me</thi", v1::FINISH_REASON_LENGTH));
+  message = Json::parse(cut.Body())["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "Hmm, let me</thi");
+  EXPECT_EQ(message["content"], "");
+
+  // qwen3 with thinking off: all answer, reasoning null.
+  ResponseFormatter off(ReasoningChat(false, ReasoningFormat::kQwen3, PromptThinking::kClosed),
+                        "chatcmpl-9", 1, "tiny");
+  off.Add(Message("Four.", v1::FINISH_REASON_STOP));
+  message = Json::parse(off.Body())["choices"][0]["message"];
+  EXPECT_TRUE(message["reasoning_content"].is_null());
+  EXPECT_EQ(message["content"], "Four.");
+
+  // Without a parser the shape is OpenAI's alone.
+  ResponseFormatter plain(ReasoningChat(false, ReasoningFormat::kNone), "chatcmpl-10", 1, "tiny");
+  plain.Add(Message("<think>x</think>y", v1::FINISH_REASON_STOP));
+  message = Json::parse(plain.Body())["choices"][0]["message"];
+  EXPECT_FALSE(message.contains("reasoning_content"));
+  EXPECT_EQ(message["content"], "<think>x</think>y");
+}
+
+TEST(ResponseFormatterTest, ToolCallsAreParsedFromTheAnswerOnly) {
+  auto r = Chat(R"({"messages": [{"role": "user", "content": "hi"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}]})");
+  ASSERT_TRUE(r.ok());
+  r->tool_call_format = ToolCallFormat::kHermes;
+  r->reasoning_format = ReasoningFormat::kQwen3;
+  ResponseFormatter f(*r, "chatcmpl-11", 1, "tiny");
+  // A call written while thinking is reasoning; the one in the answer is a call.
+  f.Add(Message("<think>maybe <tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>"));
+  f.Add(
+      Message("</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"
+              "</tool_call>",
+              v1::FINISH_REASON_STOP));
+  const Json body = Json::parse(f.Body());
+  const Json& message = body["choices"][0]["message"];
+  EXPECT_THAT(message["reasoning_content"].get<std::string>(), HasSubstr("\"g\""));
+  ASSERT_EQ(message["tool_calls"].size(), 1u) << body;
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "tool_calls");
+}
+
 TEST(ModelsTest, ListsTheServedModel) {
   const Json list = Json::parse(ModelList("tiny", 5));
   EXPECT_EQ(list["object"], "list");

@@ -64,6 +64,37 @@ absl::Status ApplyTools(const ChatTemplating& chat, ParsedRequest* parsed) {
   return absl::OkStatus();
 }
 
+// Chooses how the output is split into reasoning and answer, and the reasoning budget.
+// A constraint (response_format, regex, tool_choice "required" or a named function)
+// covers the whole output, so it is the answer: no split, and a budget is refused.
+absl::Status ApplyReasoning(const ChatTemplating& chat, ParsedRequest* parsed) {
+  const bool constrained = parsed->generate.has_constraint();
+  if (parsed->max_reasoning_tokens.has_value()) {
+    if (chat.reasoning_format == ReasoningFormat::kNone) {
+      return WithParam(absl::InvalidArgumentError(
+                           "max_reasoning_tokens needs a reasoning model: the server splits no "
+                           "reasoning from this model's output (see --reasoning_parser)"),
+                       "max_reasoning_tokens");
+    }
+    if (constrained) {
+      return WithParam(absl::InvalidArgumentError(
+                           "max_reasoning_tokens cannot be combined with response_format, regex "
+                           "or a tool_choice that forces calls: the constraint applies to the "
+                           "whole output, which then has no reasoning part"),
+                       "max_reasoning_tokens");
+    }
+  }
+  if (constrained || chat.reasoning_format == ReasoningFormat::kNone) return absl::OkStatus();
+  parsed->reasoning_format = chat.reasoning_format;
+  parsed->prompt_thinking = PromptThinkingState(parsed->generate.text());
+  // A prompt that closed the block (thinking turned off) has nothing to budget.
+  if (parsed->prompt_thinking != PromptThinking::kClosed) {
+    parsed->reasoning_budget_tokens =
+        parsed->max_reasoning_tokens.value_or(chat.default_max_reasoning_tokens);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool TemplateRendersTools(const jinja::ChatTemplate& chat_template, std::string_view bos_token,
@@ -94,10 +125,19 @@ absl::StatusOr<std::unique_ptr<Request>> BuildOpenAiRequest(
   if (endpoint == Endpoint::kChatCompletions) {
     RETURN_IF_ERROR(ApplyTools(chat, parsed));
     RETURN_IF_ERROR(RenderChat(chat, parsed));
+    RETURN_IF_ERROR(ApplyReasoning(chat, parsed));
   }
   absl::StatusOr<std::unique_ptr<Request>> built =
       BuildRequest(parsed->generate, limits, tokenizer);
   if (!built.ok()) return RenameBuildError(built.status());
+  // The first generation ends at the budget; the HTTP server continues it (http_server.cc).
+  if (parsed->reasoning_budget_tokens > 0 &&
+      parsed->reasoning_budget_tokens < (*built)->max_new_tokens) {
+    parsed->total_max_tokens = (*built)->max_new_tokens;
+    (*built)->max_new_tokens = parsed->reasoning_budget_tokens;
+  } else {
+    parsed->reasoning_budget_tokens = 0;
+  }
   return built;
 }
 

@@ -31,6 +31,11 @@ struct ChatTemplating {
   // requests with tools are refused saying so).
   bool renders_tools = false;
   std::optional<ToolCallFormat> tool_call_format;
+  // How chat outputs are split into reasoning and answer (--reasoning_parser, or
+  // recognised in the template), and the reasoning budget of requests that set none
+  // (--max_reasoning_tokens; 0: none).
+  ReasoningFormat reasoning_format = ReasoningFormat::kNone;
+  int default_max_reasoning_tokens = 0;
 };
 
 // Whether `chat_template` renders `tools`: a conversation rendered with a tool differs

@@ -254,6 +254,38 @@ TEST_F(HttpToolsTest, AutoAnswersAndToolMessagesComeBack) {
   RunClientTest(http_port_, ModelName(), "test_tools_auto_and_tool_messages");
 }
 
+TEST_F(HttpApiTest, NoReasoningParserRefusesABudget) {
+  RunClientTest(http_port_, ModelName(), "test_no_reasoning_parser_refuses_a_budget");
+}
+
+// kChatTemplate, with the generation prompt opening <think> (as DeepSeek-R1's and
+// Qwen3-Thinking's do) unless enable_thinking is false, when it closes it (as Qwen3's
+// does). The server recognises the qwen3 reasoning parser in it.
+constexpr char kThinkTemplate[] =
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>"
+    "{{ message['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}";
+
+using HttpReasoningTest = ServedModelTest<kThinkTemplate>;
+
+TEST_F(HttpReasoningTest, ReasoningComesApartWholeAndStreamed) {
+  RunClientTest(http_port_, ModelName(), "test_reasoning_whole_and_streamed");
+}
+
+TEST_F(HttpReasoningTest, ChatTemplateKwargsTurnThinkingOff) {
+  RunClientTest(http_port_, ModelName(), "test_chat_template_kwargs_turn_thinking_off");
+}
+
+TEST_F(HttpReasoningTest, ABudgetClosesTheThinkingAndTheAnswerFollows) {
+  RunClientTest(http_port_, ModelName(), "test_reasoning_budget_closes_the_thinking");
+}
+
+TEST_F(HttpReasoningTest, AConstraintMakesTheOutputTheAnswer) {
+  RunClientTest(http_port_, ModelName(), "test_reasoning_and_constraints");
+}
+
 TEST_F(HttpApiTest, SixtyFourConcurrentStreamsMatchRunsAlone) {
   const std::vector<std::string> finished = {"reason=\"length\"", "api=\"http\""};
   const double before = MetricWithLabels("conveyor_requests_finished_total", finished);

@@ -36,6 +36,21 @@ RENDERED = "<s><|system|>You are terse.</s><|user|>Say\nhi</s><|assistant|>"
 
 PROMPT = "Once upon a time"
 
+# The reasoning suite's template (http_api_test.cc's kThinkTemplate) opens <think> at the
+# end of the prompt, as DeepSeek-R1's and Qwen3-Thinking's do, so all of the random test
+# model's output is reasoning until the server closes it; enable_thinking false closes it in
+# the prompt, as Qwen3's template does.
+RENDERED_THINKING = RENDERED + "<think>\n"
+RENDERED_NOT_THINKING = RENDERED + "<think>\n\n</think>\n\n"
+
+
+def reasoning_of(message_or_delta):
+    """reasoning_content, checked equal to vLLM's newer name for it, `reasoning`."""
+    extra = message_or_delta.model_extra or {}
+    self_check = extra.get("reasoning_content"), extra.get("reasoning")
+    assert self_check[0] == self_check[1], self_check
+    return self_check[0]
+
 
 def post(path, body, raw=False):
     """POSTs `body` (JSON, or bytes when raw); returns (status, parsed JSON body)."""
@@ -526,6 +541,103 @@ class OpenAiClientTest(unittest.TestCase):
             model=ARGS.model, messages=messages, tools=TOOLS, max_tokens=5,
             temperature=0).choices[0]
         self.assertIn(choice.finish_reason, ("stop", "length", "tool_calls"))
+
+    # --- Reasoning (the kThinkTemplate suite) ---
+
+    def reference(self, prompt, max_tokens):
+        return self.complete(prompt=prompt, max_tokens=max_tokens,
+                             extra_body={"ignore_eos": True, "add_special_tokens": False})
+
+    def stream_chat_parts(self, **kwargs):
+        """Streams a chat; returns (reasoning, content, chunks)."""
+        chunks = list(self.chat(stream=True, stream_options={"include_usage": True}, **kwargs))
+        reasoning = "".join(reasoning_of(c.choices[0].delta) or "" for c in chunks if c.choices)
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return reasoning, content, chunks
+
+    def test_reasoning_whole_and_streamed(self):
+        whole = self.chat(max_tokens=12)
+        message = whole.choices[0].message
+        # The prompt ends inside <think>: everything is reasoning, there is no answer.
+        expected = self.reference(RENDERED_THINKING, 12).choices[0].text
+        self.assertEqual(reasoning_of(message), expected)
+        self.assertEqual(message.content, "")
+        self.assertEqual(whole.choices[0].finish_reason, "length")
+        self.assertEqual(whole.usage.completion_tokens, 12)
+        reasoning, content, chunks = self.stream_chat_parts(max_tokens=12)
+        self.assertEqual(reasoning, expected)
+        self.assertEqual(content, "")
+        self.assertEqual(chunks[-1].usage.completion_tokens, 12)
+        for chunk in chunks:
+            if chunk.choices and reasoning_of(chunk.choices[0].delta):
+                self.assertIsNone(chunk.choices[0].delta.content)
+
+    def test_chat_template_kwargs_turn_thinking_off(self):
+        whole = self.chat(max_tokens=12, extra_body={"ignore_eos": True,
+                                                     "chat_template_kwargs":
+                                                     {"enable_thinking": False}})
+        message = whole.choices[0].message
+        expected = self.reference(RENDERED_NOT_THINKING, 12)
+        self.assertIsNone(reasoning_of(message))
+        self.assertEqual(message.content, expected.choices[0].text)
+        self.assertEqual(whole.usage.prompt_tokens, expected.usage.prompt_tokens)
+        self.assertGreater(whole.usage.prompt_tokens,
+                           self.reference(RENDERED_THINKING, 1).usage.prompt_tokens)
+        status, body = post("/v1/chat/completions", {"messages": MESSAGES,
+                                                     "chat_template_kwargs": ["enable_thinking"]})
+        self.assertEqual(status, 400)
+        self.assertErrorShape(body, 400)
+        self.assertEqual(body["error"]["param"], "chat_template_kwargs")
+
+    def test_reasoning_budget_closes_the_thinking(self):
+        extra = {"ignore_eos": True, "max_reasoning_tokens": 5}
+        whole = self.chat(max_tokens=40, extra_body=extra)
+        message = whole.choices[0].message
+        # Five tokens of reasoning, then the server's "\n</think>\n\n", then the answer.
+        self.assertEqual(reasoning_of(message),
+                         self.reference(RENDERED_THINKING, 5).choices[0].text + "\n")
+        # (The test tokenizer spells the end text in several tokens.)
+        self.assertTrue(message.content, whole)
+        self.assertNotIn("think>", message.content)
+        self.assertEqual(whole.choices[0].finish_reason, "length")
+        self.assertEqual(whole.usage.completion_tokens, 40)
+        self.assertEqual(whole.usage.prompt_tokens,
+                         self.reference(RENDERED_THINKING, 1).usage.prompt_tokens)
+        # The same answer streamed, as one stream.
+        reasoning, content, chunks = self.stream_chat_parts(max_tokens=40, extra_body=extra)
+        self.assertEqual((reasoning, content), (reasoning_of(message), message.content))
+        self.assertEqual(len({c.id for c in chunks}), 1)
+        self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices
+                          and c.choices[0].finish_reason], ["length"])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 40)
+        # A budget at or over max_tokens changes nothing.
+        self.assertEqual(self.chat(max_tokens=6, extra_body={"ignore_eos": True,
+                                                             "max_reasoning_tokens": 6})
+                         .choices[0].message.model_extra,
+                         self.chat(max_tokens=6).choices[0].message.model_extra)
+
+    def test_reasoning_and_constraints(self):
+        # A constraint covers the whole output: it is the answer, with no reasoning split.
+        whole = self.chat(max_tokens=60, response_format={"type": "json_object"}, seed=3,
+                          extra_body={},
+                          temperature=1.0)
+        message = whole.choices[0].message
+        self.assertIsNone(reasoning_of(message))
+        if whole.choices[0].finish_reason == "stop":
+            json.loads(message.content)
+        status, body = post("/v1/chat/completions", {
+            "messages": MESSAGES, "max_reasoning_tokens": 4,
+            "response_format": {"type": "json_object"}})
+        self.assertEqual(status, 400)
+        self.assertEqual(body["error"]["param"], "max_reasoning_tokens")
+
+    def test_no_reasoning_parser_refuses_a_budget(self):
+        status, body = post("/v1/chat/completions", {"messages": MESSAGES,
+                                                     "max_reasoning_tokens": 4})
+        self.assertEqual(status, 400)
+        self.assertEqual(body["error"]["param"], "max_reasoning_tokens")
+        self.assertIn("--reasoning_parser", body["error"]["message"])
+        self.assertNotIn("reasoning_content", self.chat(max_tokens=2).choices[0].message.model_extra)
 
 
 TOOLS = [
