@@ -124,9 +124,13 @@ TEST_P(ReferenceTest, GreedyTokensMatch) {
 // before the first divergence. In a mixture-of-experts model a token whose k-th and
 // (k+1)-th experts are nearly tied can route differently once the layers before the
 // router round differently: the logits of such a position move by an expert's whole
-// contribution (a tenth of their scale in these tiny models: 0.054-0.089 measured), so
-// those variants get kMoeMaxLogitError instead, and only greedy agreement is as strict.
+// contribution (a tenth of their scale in these tiny models: 0.054-0.089 measured) and a
+// greedy continuation can part at that token, so those variants get kMoeMaxLogitError
+// and at most kMoeMinAgreement instead (the float32 router rounds differently on the
+// portable level than on the vector ones, so there the flips fall elsewhere: mixtral
+// bf16 agrees on 0.80 of its tokens on the vector levels, 0.59 on the portable one).
 constexpr double kMoeMaxLogitError = 0.15;
+constexpr double kMoeMinAgreement = 0.5;
 
 struct DtypeBounds {
   kernels::CpuWeightDtype dtype;
@@ -159,8 +163,10 @@ TEST_P(ReducedPrecisionTest, LogitErrorAndGreedyAgreementWithinTheDtypesBounds) 
               variant.c_str(), bounds.name, max_err, agreed, total, agreement);
   RecordProperty("max_relative_error", std::to_string(max_err));
   RecordProperty("greedy_agreement", std::to_string(agreement));
-  EXPECT_LT(max_err, w->model->config().HasExperts() ? kMoeMaxLogitError : bounds.max_logit_error);
-  EXPECT_GE(agreement, bounds.min_agreement);
+  const bool moe = w->model->config().HasExperts();
+  EXPECT_LT(max_err, moe ? kMoeMaxLogitError : bounds.max_logit_error);
+  EXPECT_GE(agreement,
+            moe ? std::min(bounds.min_agreement, kMoeMinAgreement) : bounds.min_agreement);
 }
 
 INSTANTIATE_TEST_SUITE_P(
