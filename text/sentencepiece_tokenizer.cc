@@ -168,9 +168,11 @@ absl::StatusOr<std::vector<int>> SentencePieceTokenizer::Encode(std::string_view
 absl::Status SentencePieceTokenizer::EncodeStretch(std::string_view text, bool at_start,
                                                    std::vector<int>* ids) const {
   if (text.empty()) return absl::OkStatus();
-  // HF's non-legacy encoding: no dummy prefix after a special token, got by encoding
-  // behind the unknown piece and dropping that piece's ids.
-  const bool behind_unk = !legacy_ && !at_start && unk_piece_ids_ > 0;
+  // HF's Metaspace pre-tokenizer: a stretch that starts with a space (or "▁") gets no
+  // dummy prefix, nor does one after a special token unless legacy; sentencepiece would
+  // add one, so those are encoded behind the unknown piece, whose ids are dropped.
+  const bool starts_with_space = text.front() == ' ' || text.starts_with("\u2581");
+  const bool behind_unk = (starts_with_space || (!legacy_ && !at_start)) && unk_piece_ids_ > 0;
   absl::StatusOr<std::vector<int>> encoded =
       behind_unk ? EncodePieces(unk_piece_ + std::string(text)) : EncodePieces(text);
   if (!encoded.ok()) return encoded.status();

@@ -1,17 +1,21 @@
 // The Tokenizer (tokenizer.h) of a sentencepiece model, `tokenizer.model`.
 //
 // Special tokens written in the text become their ids, as Hugging Face's LlamaTokenizer
-// (slow, and the fast one converted from it) does: the text is cut at every special token
-// (sentencepiece's control and unknown pieces, e.g. "<s>", "</s>", "<unk>", and the
-// added tokens tokenizer_config.json lists), longest first, and each stretch between them
-// is encoded by sentencepiece on its own. Sentencepiece itself would read "<s>" as the
-// text pieces "▁<", "s", ">". The stretches' dummy prefix ("▁" in front, when the model
-// adds one) follows HF's `legacy` setting: legacy (HF's default, Llama 2 and Mistral
-// v0.1 configs) gives every stretch one, so "<s>[INST]" is "<s>", "▁[", "INST", …;
-// non-legacy gives it only to a text's start, so "<s>[INST]" is "<s>", "[", "INST", …
-// (HF encodes such a stretch after the unknown piece and drops that piece's tokens; so
-// does this). The tokens' lstrip/rstrip flags (whitespace eaten around an added token) are
-// not applied: Llama's and Mistral's special tokens have them off.
+// does (transformers 5, AutoTokenizer's default for a bare tokenizer.model: the fast
+// tokenizer converted from it): the text is cut at every special token (sentencepiece's
+// control and unknown pieces, e.g. "<s>", "</s>", "<unk>", and the added tokens
+// tokenizer_config.json lists), longest first, and each stretch between them is encoded
+// by sentencepiece on its own. Sentencepiece itself would read "<s>" as the text pieces
+// "▁<", "s", ">". The stretches' dummy prefix ("▁" in front, when the model adds one)
+// follows HF's Metaspace pre-tokenizer: never on a stretch that starts with a space (" hi"
+// is "▁hi", where sentencepiece alone gives "▁▁hi"); otherwise, with `legacy` true in
+// tokenizer_config.json, on every stretch, so "<s>[INST]" is "<s>", "▁[", "INST", …; with
+// `legacy` false or absent only on the text's start, so "<s>[INST]" is "<s>", "[",
+// "INST", … (a stretch without the prefix is encoded after the unknown piece, whose ids
+// are dropped). tests/chat_ref/spm_cases.json holds transformers' ids that
+// chat_tokens_test checks this against. The tokens' lstrip/rstrip flags (whitespace eaten
+// around an added token) are not applied: Llama's and Mistral's special tokens have them
+// off.
 //
 // sentencepiece is reached through a small shared library loaded in isolation
 // (sentencepiece_shim.cc explains why). It is looked up at $CONVEYOR_SPM_SHIM, next to
@@ -34,7 +38,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   // sentencepiece model; both name the path.
   struct Options {
     // HF's `legacy` (tokenizer_config.json): a dummy prefix after every special token.
-    bool legacy = true;
+    // Off unless the config says so, as transformers 5's LlamaTokenizer has it.
+    bool legacy = false;
     // tokenizer_config.json's added_tokens_decoder: (content, id) of tokens to cut the
     // text at, besides the model's control and unknown pieces.
     std::vector<std::pair<std::string, int>> added_tokens;
@@ -70,11 +75,12 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   const Shim* shim_;
   void* handle_;  // The shim's processor.
-  bool legacy_ = true;
+  bool legacy_ = false;
   // The special tokens' text and id, longest first, and which bytes begin one.
   std::vector<std::pair<std::string, int>> specials_;
   bool starts_special_[256] = {};
-  // Non-legacy: the unknown piece's text and how many ids sentencepiece gives it alone.
+  // The unknown piece's text and how many ids sentencepiece gives it alone (to encode
+  // without a dummy prefix).
   std::string unk_piece_;
   size_t unk_piece_ids_ = 0;
 };

@@ -16,7 +16,7 @@ namespace conveyor {
 namespace {
 
 // What tokenizer_config.json says about a sentencepiece model's encoding, as HF's
-// LlamaTokenizer reads it: `legacy` (absent: true, HF's default) and the added tokens of
+// LlamaTokenizer reads it: `legacy` (absent: false, as in transformers 5) and the added tokens of
 // `added_tokens_decoder` ({"<id>": {"content": ...}}). A missing or unreadable file gives
 // the defaults.
 SentencePieceTokenizer::Options SentencePieceOptions(const std::filesystem::path& config_path) {

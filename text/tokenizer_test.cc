@@ -132,12 +132,13 @@ TEST(TokenizerLoadTest, CorruptModelIsDataLossNamingPath) {
 // (a chat template's "{{ bos_token }}" is the BOS id, not the pieces of "<s>"), with the
 // dummy prefix after them as its `legacy` setting says.
 TEST_F(TokenizerTest, SpecialTokenTextBecomesItsIdLegacy) {
+  dir_.WriteFile("tokenizer_config.json", R"({"legacy": true})");
   auto tokenizer = LoadOrDie();
   ASSERT_NE(tokenizer, nullptr);
   auto hello = tokenizer->Encode("hello world");
   auto ids = tokenizer->Encode("<s>hello world</s><unk>");
   ASSERT_TRUE(hello.ok() && ids.ok());
-  // Legacy (HF's default): each stretch is encoded alone, dummy prefix and all.
+  // Legacy: each stretch is encoded alone, dummy prefix and all.
   std::vector<int> expected = {1};
   expected.insert(expected.end(), hello->begin(), hello->end());
   expected.push_back(2);
