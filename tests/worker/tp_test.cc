@@ -521,14 +521,15 @@ TEST(TpWorkerProcessErrorsTest, InitWithoutAValidCollectiveIdIsRefused) {
 // --- Through the scheduler ------------------------------------------------------------
 
 // Starts a conveyor-scheduler over `workers` (comma-separated addresses) serving the tiny
-// test model, streams greedy completions of `prompts`, and stops it (workers keep running).
+// test model `model`, streams greedy completions of `prompts`, and stops it (workers keep
+// running).
 std::vector<std::vector<int>> GenerateThroughScheduler(
     const std::string& workers, const std::vector<std::vector<int32_t>>& prompts,
-    int expected_tp_size) {
+    int expected_tp_size, const std::string& model = "llama3_gqa") {
   auto process =
       Subprocess::Start({SchedulerBinary(), "--port=0", "--metrics_port=0",
-                         "--model=" + TestModelDir("llama3_gqa"), "--workers=" + workers,
-                         "--block_size=4", "--log_level=warn", "--scheduler_id=tp-test-scheduler"});
+                         "--model=" + TestModelDir(model), "--workers=" + workers, "--block_size=4",
+                         "--log_level=warn", "--scheduler_id=tp-test-scheduler"});
   EXPECT_TRUE(process.has_value());
   if (!process) return {};
   const auto line = process->WaitForLine("listening on", 30s);
@@ -584,6 +585,33 @@ TEST(TpSchedulerTest, TwoRanksStreamTheTokensOfOne) {
   // A second scheduler over the same, already initialised ranks (a restart).
   EXPECT_EQ(GenerateThroughScheduler(group, prompts, 2), expected);
 }
+
+// The mixture-of-experts models end to end: the scheduler over worker processes, one rank
+// and two (each expert sharded), give the float64 reference's greedy tokens; each prompt
+// goes twice, the second time from the prefix cache.
+class TpSchedulerMoeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TpSchedulerMoeTest, OneAndTwoRanksStreamTheReferenceTokens) {
+  const auto single = StartWorker();
+  const auto rank0 = StartWorker();
+  const auto rank1 = StartWorker();
+  ASSERT_TRUE(single != nullptr && rank0 != nullptr && rank1 != nullptr);
+  const Reference ref = LoadReference(GetParam());
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int>> expected;
+  for (size_t p = 0; p < ref.prompts.size(); ++p) {
+    for (int twice = 0; twice < 2; ++twice) {
+      prompts.push_back(ref.prompts[p]);
+      expected.emplace_back(ref.greedy[p].begin(), ref.greedy[p].begin() + 12);
+    }
+  }
+  EXPECT_EQ(GenerateThroughScheduler(single->address, prompts, 1, GetParam()), expected);
+  EXPECT_EQ(GenerateThroughScheduler(rank0->address + "," + rank1->address, prompts, 2, GetParam()),
+            expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpSchedulerMoeTest,
+                         ::testing::Values("qwen3_moe", "mixtral_moe_tied"));
 
 }  // namespace
 }  // namespace conveyor::testing
