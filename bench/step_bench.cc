@@ -59,8 +59,9 @@ ABSL_FLAG(std::string, backend, "cuda", "Backend: cuda or cpu.");
 ABSL_FLAG(int, device, 0, "CUDA device.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads (0: one per core).");
 ABSL_FLAG(std::string, cpu_weights, "f32", "CPU backend weight storage: f32, bf16 or int8.");
-ABSL_FLAG(std::string, shape, "llama3-8b",
-          "Model shape: llama3-8b (bf16 on CUDA), small, qwen3-moe-small or tiny (model_config.h).");
+ABSL_FLAG(
+    std::string, shape, "llama3-8b",
+    "Model shape: llama3-8b (bf16 on CUDA), small, qwen3-moe-small or tiny (model_config.h).");
 ABSL_FLAG(int, layers, 0, "Override the shape's layer count (0: keep it).");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "64", "256"}),
           "Batch sizes (sequences) to measure.");
@@ -169,8 +170,8 @@ StepCost Cost(const ModelConfig& c, size_t element_bytes, int64_t tokens, double
   if (c.HasExperts()) {
     const double e = c.num_experts, k = c.experts_per_token;
     const double used = e * (1 - std::pow(1 - k / e, static_cast<double>(tokens)));
-    read += (static_cast<double>(c.NumParameters()) - c.NumActiveParameters()) * (used - k) /
-            (e - k);
+    read +=
+        (static_cast<double>(c.NumParameters()) - c.NumActiveParameters()) * (used - k) / (e - k);
   }
   StepCost cost;
   cost.flops = 2.0 * (active * tokens + lm_head * logit_rows) +

@@ -44,7 +44,8 @@ __global__ void WriteKvKernel(const T* __restrict__ k, const T* __restrict__ v, 
 template <typename T>
 __global__ void WeightedRowSumKernel(const T* __restrict__ rows, int width,
                                      const int32_t* __restrict__ sources,
-                                     const float* __restrict__ weights, int k, T* __restrict__ out) {
+                                     const float* __restrict__ weights, int k,
+                                     T* __restrict__ out) {
   const int t = blockIdx.x;
   T* dst = out + static_cast<size_t>(t) * width;
   for (int c = threadIdx.x; c < width; c += blockDim.x) {

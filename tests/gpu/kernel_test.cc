@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -52,7 +53,19 @@ float RoundToBf16(float x) {
   std::memcpy(&rounded, &bits, sizeof(rounded));
   return rounded;
 }
-float RoundToFp16(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+// The nearest binary16 value (ties to even), as __float2half_rn rounds: 11 significant
+// bits for normal halves, a quantum of 2^-24 below them, infinity from 65520 (halfway
+// between the largest half, 65504, and 2^16) up. Spelled out rather than through
+// _Float16, which not every compiler here supports on x86-64.
+float RoundToFp16(float x) {
+  if (!std::isfinite(x) || x == 0.0f) return x;
+  const float a = std::fabs(x);
+  if (a >= 65520.0f) return std::copysign(INFINITY, x);
+  int exponent = 0;
+  std::frexp(a, &exponent);  // a = m * 2^exponent, m in [0.5, 1).
+  const float quantum = std::ldexp(1.0f, std::max(exponent - 11, -24));
+  return std::copysign(std::nearbyint(a / quantum) * quantum, x);
+}
 
 // ||out - ref|| / ||ref||; infinity when `out` holds a NaN or an infinity (an unwritten
 // or broken element), or the sizes differ.
@@ -73,7 +86,7 @@ size_t Mismatches(const std::vector<float>& a, const std::vector<float>& b) {
   size_t count = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const bool both_nan = std::isnan(a[i]) && std::isnan(b[i]);
-    if (!both_nan && std::memcmp(&a[i], &b[i], sizeof(float)) != 0) ++count;
+    if (!both_nan && std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) ++count;
   }
   return count;
 }
@@ -219,8 +232,9 @@ TEST_P(CudaKernelTest, EmbeddingAndGatherRowsCopyRows) {
 
 TEST_P(CudaKernelTest, RmsNormMatchesCpu) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  for (auto [n, hidden] :
+  for (const auto& [rows, width] :
        std::vector<std::pair<int, int>>{{1, 4096}, {13, 64}, {7, 100}, {33, 768}}) {
+    const int n = rows, hidden = width;  // Named copies: lambdas below capture them.
     const size_t count = static_cast<size_t>(n) * hidden;
     const std::vector<float> x = Random(count, 2.0f);
     std::vector<float> weight(hidden);
@@ -239,8 +253,9 @@ TEST_P(CudaKernelTest, RmsNormMatchesCpu) {
 
 TEST_P(CudaKernelTest, AddRmsNormMatchesCpu) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  for (auto [n, hidden] :
+  for (const auto& [rows, width] :
        std::vector<std::pair<int, int>>{{1, 4096}, {9, 64}, {5, 100}, {21, 768}}) {
+    const int n = rows, hidden = width;  // Named copies: lambdas below capture them.
     const size_t count = static_cast<size_t>(n) * hidden;
     const std::vector<float> residual = Random(count, 2.0f);
     const std::vector<float> x = Random(count, 1.0f);
@@ -454,10 +469,8 @@ TEST_P(CudaKernelTest, GroupedLinearAndWeightedRowSumMatchCpu) {
   const int groups = static_cast<int>(offsets.size()) - 1;
   const int rows = offsets.back();
   const std::vector<float> x = Random(static_cast<size_t>(rows) * in, 1.0f);
-  std::vector<std::vector<float>> weights;
-  for (int g = 0; g < groups; ++g) {
-    weights.push_back(Random(static_cast<size_t>(out_width) * in, 1.0f / 16));
-  }
+  std::vector<std::vector<float>> weights(groups);
+  for (std::vector<float>& w : weights) w = Random(static_cast<size_t>(out_width) * in, 1.0f / 16);
   std::vector<int32_t> sources(rows);
   std::iota(sources.begin(), sources.end(), 0);
   std::shuffle(sources.begin(), sources.end(), rng_);
