@@ -176,15 +176,16 @@ bool WaitProgress(const Streams& streams, int tokens, std::chrono::milliseconds 
   return true;
 }
 
-// The uninterrupted twin of a run: the same requests on fresh processes.
-std::vector<std::vector<int>> TwinRun(int world) {
+// The uninterrupted twin of a run: the same requests on fresh processes (a scheduler
+// with `flags`).
+std::vector<std::vector<int>> TwinRun(int world, std::vector<std::string> flags = {}) {
   std::vector<Subprocess> workers;
   std::vector<int> ports;
   for (int r = 0; r < world; ++r) {
     ports.push_back(FreePort());
     workers.push_back(StartWorker(ports.back()));
   }
-  Scheduler scheduler(ports, {});
+  Scheduler scheduler(ports, std::move(flags));
   EXPECT_TRUE(scheduler.WaitServing());
   const auto requests = EightRequests();
   Streams streams(requests.size());
@@ -277,6 +278,30 @@ TEST_P(ChaosStepsTest, TensorParallelRankOneKilledAndRestartedLosesNothing) {
   Subprocess rank0 = StartWorker(ports[0]);
   std::optional<Subprocess> rank1(StartWorker(ports[1]));
   Scheduler scheduler(ports, {"--worker_recovery_timeout_s=60", InFlight()});
+  ASSERT_TRUE(scheduler.WaitServing());
+  const auto requests = EightRequests();
+  Streams streams(requests.size());
+  std::vector<std::thread> threads = StartStreams(scheduler, requests, streams);
+  EXPECT_TRUE(WaitProgress(streams, 40));
+  rank1->Signal(SIGKILL);
+  rank1->Wait(10s);
+  rank1.reset();
+  std::this_thread::sleep_for(200ms);
+  rank1.emplace(StartWorker(ports[1]));
+  Join(threads);
+  ExpectSameAsTwin(streams, twin);
+  EXPECT_GE(scheduler.Metric("conveyor_worker_recoveries_total"), 1);
+}
+
+// Recovery by recompute on a mixture-of-experts model, each expert sharded over two ranks:
+// the replayed prompts and outputs route to the same experts, so nothing changes.
+TEST(ChaosTest, MixtureOfExpertsRankKilledAndRestartedLosesNothing) {
+  const std::string model = "--model=" + TestModelDir("qwen3_moe");
+  const std::vector<std::vector<int>> twin = TwinRun(2, {model});
+  const std::vector<int> ports = {FreePort(), FreePort()};
+  Subprocess rank0 = StartWorker(ports[0]);
+  std::optional<Subprocess> rank1(StartWorker(ports[1]));
+  Scheduler scheduler(ports, {model, "--worker_recovery_timeout_s=60"});
   ASSERT_TRUE(scheduler.WaitServing());
   const auto requests = EightRequests();
   Streams streams(requests.size());
