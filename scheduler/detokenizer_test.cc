@@ -199,7 +199,10 @@ TEST_F(DetokenizerTest, StreamsEncodedTextAsDecodeDoes) {
     const std::vector<int> ids = Encode(text);
     const std::vector<std::string> chunks = Stream({}, ids);
     EXPECT_EQ(absl::StrJoin(chunks, ""), tokenizer_->Decode(ids));
-    EXPECT_EQ(absl::StrJoin(chunks, ""), text);
+    // A text that starts with a space encodes without the dummy "▁" (as transformers 5's
+    // Llama tokenizer does), and decoding drops one leading space (HF's decoder too), so
+    // only the others come back whole.
+    if (!text.starts_with(" ")) EXPECT_EQ(absl::StrJoin(chunks, ""), text);
     for (const std::string& chunk : chunks) EXPECT_TRUE(IsValidUtf8(chunk)) << chunk;
   }
 }
@@ -412,12 +415,16 @@ TEST_F(DetokenizerTest, LeadingSpaceOnlyDropsAtTheTextsStart) {
   }
   // After context that renders text, the first piece keeps its space too.
   EXPECT_EQ(absl::StrJoin(Stream(Encode("say"), output), ""), " hello world again");
-  // Whitespace-only pieces at the start: only the first "▁" is dropped.
+  // Whitespace-only pieces at the start: only the first "▁" is dropped. (These texts
+  // start with a space, so they encode without the dummy "▁", as transformers 5 does, and
+  // come back less their first space, as from HF's decode.)
   for (const std::string text : {"   x y", " \n x", "  "}) {
     SCOPED_TRACE(text);
     const std::vector<int> spaces = Encode(text);
-    EXPECT_EQ(absl::StrJoin(Stream({}, spaces), ""), text);
-    EXPECT_EQ(absl::StrJoin(Stream(std::vector<int>{tokenizer_->bos_id()}, spaces), ""), text);
+    EXPECT_EQ(tokenizer_->Decode(spaces), text.substr(1));
+    EXPECT_EQ(absl::StrJoin(Stream({}, spaces), ""), text.substr(1));
+    EXPECT_EQ(absl::StrJoin(Stream(std::vector<int>{tokenizer_->bos_id()}, spaces), ""),
+              text.substr(1));
   }
 }
 
