@@ -316,7 +316,7 @@ struct GgufBuilder {
     kvs.push_back(Str(key) + Le(type) + value);
     return *this;
   }
-  GgufBuilder& Tensor(const std::string& name, std::vector<int64_t> dims, uint32_t type,
+  GgufBuilder& Tensor(const std::string& name, const std::vector<int64_t>& dims, uint32_t type,
                       uint64_t offset) {
     std::string info = Str(name) + Le<uint32_t>(dims.size());
     for (int64_t dim : dims) info += Le(dim);
@@ -402,7 +402,7 @@ TEST(GgufErrorsTest, MetadataErrors) {
   ExpectError(GgufBuilder().Kv("k", kArray, Le<uint32_t>(77) + Le<uint64_t>(0)).Build(),
               absl::StatusCode::kDataLoss, "unknown element type 77");
   std::string deep = Le(kU32) + Le<uint64_t>(0);
-  for (int i = 0; i < 9; ++i) deep = Le(kArray) + Le<uint64_t>(1) + deep;
+  for (int i = 0; i < 9; ++i) deep.insert(0, Le(kArray) + Le<uint64_t>(1));
   ExpectError(GgufBuilder().Kv("deep", kArray, deep).Build(), absl::StatusCode::kDataLoss,
               "nest deeper");
   ExpectError(GgufBuilder().Kv("general.alignment", kU32, Le<uint32_t>(24)).Build(),
@@ -412,9 +412,9 @@ TEST(GgufErrorsTest, MetadataErrors) {
 }
 
 TEST(GgufErrorsTest, TensorInfoErrors) {
-  auto one = [](std::vector<int64_t> dims, uint32_t type, uint64_t offset, uint64_t data) {
+  auto one = [](const std::vector<int64_t>& dims, uint32_t type, uint64_t offset, uint64_t data) {
     GgufBuilder b;
-    b.Tensor("blk.0.attn_q.weight", std::move(dims), type, offset);
+    b.Tensor("blk.0.attn_q.weight", dims, type, offset);
     b.data_bytes = data;
     return b.Build();
   };
