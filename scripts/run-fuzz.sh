@@ -17,8 +17,8 @@ seconds="${1:-60}"
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(generate_request_fuzzer step_request_fuzzer safetensors_fuzzer
-                                     model_config_fuzzer detokenizer_fuzzer http_request_fuzzer
-                                     tool_call_parser_fuzzer)
+                                     model_config_fuzzer gguf_fuzzer detokenizer_fuzzer
+                                     http_request_fuzzer tool_call_parser_fuzzer)
 build="${CONVEYOR_FUZZ_BUILD:-$root/build-fuzz}"
 lock="${CONVEYOR_BUILD_LOCK-/tmp/conveyor-build.lock}"
 locked=()

@@ -3,6 +3,7 @@
 llama.cpp's own writer), and the reference dequantization of every tensor in them.
 
   make_gguf.py --out DIR
+  make_gguf.py --seeds tests/fuzz/corpus/gguf_fuzzer   # the fuzzer's seed corpus
 
 DIR/types.gguf: metadata of every value type (nested arrays too) and one tensor per
 supported ggml type. F32/F16/BF16/Q8_0/Q4_0 are quantized by gguf.quants.quantize from
@@ -35,8 +36,8 @@ def random_k_blocks(rng, qtype, rows, cols):
     return blocks.reshape(rows, -1)
 
 
-def write_types(out, rng):
-    w = gguf.GGUFWriter(os.path.join(out, "types.gguf"), "llama")
+def write_types(out, rng, rows=ROWS, cols=COLS, name="types.gguf"):
+    w = gguf.GGUFWriter(os.path.join(out, name), "llama")
     w.add_uint8("test.u8", 200)
     w.add_int8("test.i8", -100)
     w.add_uint16("test.u16", 60000)
@@ -54,24 +55,25 @@ def write_types(out, rng):
     w.add_array("test.nested", [[1, 2], [3]])
     w.add_array("test.nested_strings", [["x"], ["y", "z"]])
 
-    floats = rng.standard_normal((ROWS, COLS)).astype(np.float32)
+    floats = rng.standard_normal((rows, cols)).astype(np.float32)
     tensors = {
         "f32": (floats, None),
         "f16": (floats.astype(np.float16), None),
         "bf16": (gguf.quants.quantize(floats, T.BF16), T.BF16),
         "q8_0": (gguf.quants.quantize(floats, T.Q8_0), T.Q8_0),
         "q4_0": (gguf.quants.quantize(floats, T.Q4_0), T.Q4_0),
-        "q4_k": (random_k_blocks(rng, T.Q4_K, ROWS, COLS), T.Q4_K),
-        "q5_k": (random_k_blocks(rng, T.Q5_K, ROWS, COLS), T.Q5_K),
-        "q6_k": (random_k_blocks(rng, T.Q6_K, ROWS, COLS), T.Q6_K),
+        "q4_k": (random_k_blocks(rng, T.Q4_K, rows, cols), T.Q4_K),
+        "q5_k": (random_k_blocks(rng, T.Q5_K, rows, cols), T.Q5_K),
+        "q6_k": (random_k_blocks(rng, T.Q6_K, rows, cols), T.Q6_K),
     }
-    for name, (data, raw_dtype) in tensors.items():
-        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    for tensor_name, (data, raw_dtype) in tensors.items():
+        w.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
         qtype = raw_dtype if raw_dtype is not None else {np.float32: T.F32,
                                                          np.float16: T.F16}[data.dtype.type]
         expected = gguf.quants.dequantize(data, qtype).astype(np.float32)
-        assert expected.shape == (ROWS, COLS), (name, expected.shape)
-        expected.tofile(os.path.join(out, name + ".f32"))
+        assert expected.shape == (rows, cols), (tensor_name, expected.shape)
+        if name == "types.gguf":
+            expected.tofile(os.path.join(out, tensor_name + ".f32"))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -139,9 +141,19 @@ def write_model(out, arch, rng, experts=0):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--seeds", help="write the fuzzer's seed corpus here instead")
     args = parser.parse_args()
     rng = np.random.default_rng(20240601)
+    if args.seeds:
+        # One 256-element row per type: small, and every parser path and block kind.
+        os.makedirs(args.seeds, exist_ok=True)
+        write_types(args.seeds, rng, rows=1, cols=256, name="seed-types")
+        with open(os.path.join(args.seeds, "seed-types"), "rb") as f:
+            image = f.read()
+        with open(os.path.join(args.seeds, "seed-types-truncated"), "wb") as f:
+            f.write(image[:len(image) // 2])
+        return
     write_types(args.out, rng)
     write_model(args.out, "llama", rng)
     write_model(args.out, "qwen3moe", rng, experts=4)
