@@ -153,6 +153,16 @@ STEP_SEQUENCES = {
         'step_id: 2 reset: true new_sequences { seq_id: 1 token_ids: [1] num_tokens: 1 '
         'block_ids: [0] }',
     ],
+    # The first step found by fuzzing with a grammar (refused FAILED_PRECONDITION while the
+    # fuzzed engine had no vocabulary); the second refuses output the grammar disallows.
+    "grammar": [
+        'step_id: 1 new_sequences { seq_id: 1 token_ids: [1, 104, 105] num_tokens: 3 '
+        'block_ids: [0] grammar: "root ::= \\"{\\" [a-z]+ (\\",\\" [0-9]{1,3})* \\"}\\"" '
+        'sampling { temperature: 0.7 seed: 5 } }',
+        'step_id: 2 running { seq_id: 1 num_tokens: 1 }',
+        'step_id: 3 new_sequences { seq_id: 2 token_ids: [1, 104, 33, 34] num_output_tokens: 2 '
+        'num_tokens: 4 block_ids: [1] grammar: "root ::= [a-z]*" }',
+    ],
     "bad_block": [
         'step_id: 1 new_sequences { seq_id: 1 token_ids: [1, 2] num_tokens: 2 '
         'block_ids: [100000] }',

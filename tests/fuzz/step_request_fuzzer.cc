@@ -5,7 +5,9 @@
 // engine's contract: a step out of order (previous_step_id not the last step handled, or
 // that step refused; an id below the last one) is ABORTED, any other rejected step
 // INVALID_ARGUMENT, and either returns no tokens and changes nothing; an accepted one
-// samples ids inside the vocabulary; the CPU device never fails.
+// samples ids inside the vocabulary; the CPU device never fails. The engine has a
+// vocabulary (as a worker whose Init carried token_bytes), so steps with a grammar are
+// parsed, masked and sampled under it too.
 //
 // Input: a first byte whose low two bits choose what follows: 0, an InitRequest (the
 // rest of the input); otherwise up to kMaxSteps StepRequests run in order on an engine
@@ -16,9 +18,11 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/model_config.h"
+#include "grammar/token_mask.h"
 #include "grpcpp/test/server_context_test_spouse.h"
 #include "kernels/backend.h"
 #include "model/kv_cache.h"
@@ -103,6 +107,25 @@ struct TinyWorker {
     options.max_step_tokens = 256;
     options.max_num_seqs = 16;
     engine = std::make_unique<worker::StepRunner>(model.get(), cache.get(), options);
+    engine->set_vocabulary(MakeVocabulary(config->vocab_size, config->eos_token_ids));
+  }
+
+  // Token 0 is a control token; 1-255 are the single bytes and the rest pairs of printable
+  // characters, so any grammar over bytes can make progress.
+  static std::unique_ptr<grammar::Vocabulary> MakeVocabulary(int size,
+                                                             const std::vector<int32_t>& eos) {
+    std::vector<std::string> bytes(size);
+    std::vector<bool> special(size, false);
+    special[0] = true;
+    for (int id = 1; id < size; ++id) {
+      if (id < 256) {
+        bytes[id] = std::string(1, static_cast<char>(id));
+      } else {
+        const int pair = id - 256;
+        bytes[id] = {static_cast<char>(' ' + pair % 95), static_cast<char>(' ' + pair / 95 % 95)};
+      }
+    }
+    return std::make_unique<grammar::Vocabulary>(std::move(bytes), std::move(special), eos);
   }
 };
 
