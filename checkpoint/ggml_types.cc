@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/file_util.h"
 
 namespace conveyor {
 namespace {
@@ -50,21 +51,6 @@ constexpr GgmlTypeTraits kTypes[] = {
     {GgmlType::kTQ2_0, "TQ2_0", kQK_K, 2 + 64, false},
     {GgmlType::kMXFP4, "MXFP4", 32, 1 + 16, false},
 };
-
-float HalfToFloat(uint16_t half) {
-  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
-  const uint32_t exponent = (half >> 10) & 0x1fu;
-  const uint32_t mantissa = half & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {  // Inf or NaN; the NaN payload is kept.
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {  // Normal: rebias the exponent from 15 to 127.
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else {  // Zero or subnormal: mantissa * 2^-24, exact in float.
-    bits = sign | std::bit_cast<uint32_t>(static_cast<float>(mantissa) * 0x1p-24f);
-  }
-  return std::bit_cast<float>(bits);
-}
 
 float LoadHalf(const std::byte* p) {
   uint16_t half;

@@ -1,19 +1,12 @@
 #include "checkpoint/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -58,11 +51,6 @@ uint64_t MinValueBytes(GgufValueType type) {
       return 8;
   }
   return 1;
-}
-
-absl::Status ErrnoError(const std::string& path, absl::string_view action) {
-  const int error = errno;
-  return absl::ErrnoToStatus(error, absl::StrCat(path, ": cannot ", action));
 }
 
 }  // namespace
@@ -416,41 +404,28 @@ int64_t GgufTensorInfo::NumElements() const {
 
 std::vector<int64_t> GgufTensorInfo::Shape() const { return {dims.rbegin(), dims.rend()}; }
 
-GgufFile::GgufFile(std::string path, void* mapping, size_t mapping_bytes)
-    : path_(std::move(path)), mapping_(mapping), mapping_bytes_(mapping_bytes) {}
+GgufFile::GgufFile(std::string path, MappedFile mapping)
+    : path_(std::move(path)), mapping_(std::move(mapping)) {}
 
-GgufFile::~GgufFile() {
-  if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
-}
+GgufFile::~GgufFile() = default;
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(path, "open");
-  // The mapping, once made, stays valid without the descriptor.
-  absl::Cleanup close_fd = [fd] { close(fd); };
-  struct stat st;
-  if (fstat(fd, &st) != 0) return ErrnoError(path, "stat");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  const auto file_bytes = static_cast<size_t>(st.st_size);
-  if (file_bytes < kHeaderBytes) {
-    return absl::DataLossError(absl::StrCat(path, ": file is ", file_bytes,
+  ASSIGN_OR_RETURN(MappedFile mapping, MappedFile::Map(path));
+  const std::span<const std::byte> image = mapping.bytes();
+  if (image.size() < kHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(path, ": file is ", image.size(),
                                             " bytes, too short for the ", kHeaderBytes,
                                             "-byte GGUF header"));
   }
-  void* mapping = mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (mapping == MAP_FAILED) return ErrnoError(path, "mmap");
-  // Owns the mapping from here on, so every error path below unmaps it.
-  std::unique_ptr<GgufFile> file(new GgufFile(path, mapping, file_bytes));
-  GgufParser parser(file.get(), std::span(static_cast<const std::byte*>(mapping), file_bytes));
+  std::unique_ptr<GgufFile> file(new GgufFile(path, std::move(mapping)));
+  GgufParser parser(file.get(), image);
   RETURN_IF_ERROR(parser.Run());
   return file;
 }
 
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(std::string path,
                                                           std::span<const std::byte> image) {
-  std::unique_ptr<GgufFile> file(new GgufFile(std::move(path), nullptr, 0));
+  std::unique_ptr<GgufFile> file(new GgufFile(std::move(path), MappedFile()));
   GgufParser parser(file.get(), image);
   RETURN_IF_ERROR(parser.Run());
   return file;

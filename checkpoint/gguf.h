@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/file_util.h"
 #include "checkpoint/ggml_types.h"
 
 namespace conveyor {
@@ -128,12 +129,11 @@ class GgufFile {
 
  private:
   friend class GgufParser;
-  // `mapping` (null for Parse's borrowed image) is unmapped by the destructor.
-  GgufFile(std::string path, void* mapping, size_t mapping_bytes);
+  // `mapping` is empty for Parse's borrowed image.
+  GgufFile(std::string path, MappedFile mapping);
 
   std::string path_;
-  void* mapping_ = nullptr;
-  size_t mapping_bytes_ = 0;
+  MappedFile mapping_;
   uint32_t version_ = 0;
   uint64_t alignment_ = kDefaultAlignment;
   uint64_t data_offset_ = 0;

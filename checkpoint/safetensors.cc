@@ -1,18 +1,11 @@
 #include "checkpoint/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -32,12 +25,6 @@ std::optional<DType> ParseDType(const std::string& name) {
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
   return std::nullopt;
-}
-
-// The error `errno` describes, naming `path`; call right after the failing call.
-absl::Status ErrnoError(const std::string& path, absl::string_view action) {
-  const int error = errno;
-  return absl::ErrnoToStatus(error, absl::StrCat(path, ": cannot ", action));
 }
 
 absl::Status Corrupt(const std::string& path, absl::string_view problem) {
@@ -115,21 +102,6 @@ absl::Status ParseEntry(const std::string& path, const std::string& name,
   return absl::OkStatus();
 }
 
-float HalfToFloat(uint16_t half) {
-  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
-  const uint32_t exponent = (half >> 10) & 0x1fu;
-  const uint32_t mantissa = half & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {  // Inf or NaN; the NaN payload is kept.
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {  // Normal: rebias the exponent from 15 to 127.
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else {  // Zero or subnormal: mantissa * 2^-24, exact in float.
-    bits = sign | std::bit_cast<uint32_t>(static_cast<float>(mantissa) * 0x1p-24f);
-  }
-  return std::bit_cast<float>(bits);
-}
-
 }  // namespace
 
 size_t DTypeSize(DType dtype) {
@@ -161,44 +133,29 @@ int64_t TensorView::NumElements() const {
   return count;
 }
 
-SafetensorsFile::SafetensorsFile(std::string path, void* mapping, size_t mapping_bytes)
-    : path_(std::move(path)), mapping_(mapping), mapping_bytes_(mapping_bytes) {}
+SafetensorsFile::SafetensorsFile(std::string path, MappedFile mapping)
+    : path_(std::move(path)), mapping_(std::move(mapping)) {}
 
-SafetensorsFile::~SafetensorsFile() {
-  if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(path, "open");
-  // The mapping, once made, stays valid without the descriptor.
-  absl::Cleanup close_fd = [fd] { close(fd); };
-  struct stat st;
-  if (fstat(fd, &st) != 0) return ErrnoError(path, "stat");
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  const auto file_bytes = static_cast<size_t>(st.st_size);
-  if (file_bytes < kHeaderLengthBytes) {
-    return Corrupt(path, absl::StrCat("file is ", file_bytes,
-                                      " bytes, too short for the 8-byte header length"));
-  }
-  void* mapping = mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (mapping == MAP_FAILED) return ErrnoError(path, "mmap");
-  // Owns the mapping from here on, so every error path below unmaps it.
-  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(path, mapping, file_bytes));
-
-  RETURN_IF_ERROR(file->ParseHeader(std::span(static_cast<const std::byte*>(mapping), file_bytes)));
-  return file;
+  ASSIGN_OR_RETURN(MappedFile mapping, MappedFile::Map(path));
+  return FromImage(path, std::move(mapping));
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
     std::string path, std::span<const std::byte> image) {
+  return FromImage(std::move(path), MappedFile(), image);
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromImage(
+    std::string path, MappedFile mapping, std::span<const std::byte> image) {
+  if (!mapping.bytes().empty()) image = mapping.bytes();
   if (image.size() < kHeaderLengthBytes) {
     return Corrupt(path, absl::StrCat("file is ", image.size(),
                                       " bytes, too short for the 8-byte header length"));
   }
-  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(std::move(path), nullptr, 0));
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(std::move(path), std::move(mapping)));
   RETURN_IF_ERROR(file->ParseHeader(image));
   return file;
 }

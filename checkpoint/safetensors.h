@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/file_util.h"
 
 namespace conveyor {
 
@@ -63,14 +64,16 @@ class SafetensorsFile {
     size_t begin = 0;  // Offsets relative to the start of the data section.
     size_t end = 0;
   };
-  // `mapping` (null for Parse's borrowed image) is unmapped by the destructor.
-  SafetensorsFile(std::string path, void* mapping, size_t mapping_bytes);
+  // `mapping` is empty for Parse's borrowed image.
+  SafetensorsFile(std::string path, MappedFile mapping);
+  // Open's and Parse's common part: the file `mapping` holds, or else `image`.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> FromImage(
+      std::string path, MappedFile mapping, std::span<const std::byte> image = {});
   // Validates the header of `image` and fills entries_ and data_section_.
   absl::Status ParseHeader(std::span<const std::byte> image);
 
   std::string path_;
-  void* mapping_ = nullptr;
-  size_t mapping_bytes_ = 0;
+  MappedFile mapping_;
   const std::byte* data_section_ = nullptr;
   std::map<std::string, Entry> entries_;
 };
