@@ -563,9 +563,10 @@ absl::Status LlamaModel::MixtureOfExperts(const Layer& l, int n) {
   int32_t* gather = host_routing_.data();
   int32_t* sources = gather + rows;
   float* weights = host_expert_weights_.data();
-  std::vector<int> chosen(rows);
-  std::vector<int> order(experts);
-  std::vector<float> probs(experts);
+  std::vector<int>& order = routing_order_;
+  std::vector<float>& probs = routing_probs_;
+  order.resize(experts);
+  probs.resize(experts);
   expert_offsets_.assign(experts + 1, 0);
   for (int t = 0; t < n; ++t) {
     const float* logits = host_router_logits_.data() + static_cast<size_t>(t) * experts;
@@ -582,16 +583,16 @@ absl::Status LlamaModel::MixtureOfExperts(const Layer& l, int n) {
     std::sort(order.begin(), order.begin() + k);
     for (int j = 0; j < k; ++j) {
       const int e = order[j];
-      chosen[static_cast<size_t>(t) * k + j] = e;
+      sources[static_cast<size_t>(t) * k + j] = e;  // The expert, until its slot is known.
       weights[static_cast<size_t>(t) * k + j] = c.norm_topk_prob ? probs[e] / top_sum : probs[e];
       ++expert_offsets_[e + 1];
     }
   }
   // The (token, expert) pairs grouped by expert, tokens in order within each group.
   for (int e = 0; e < experts; ++e) expert_offsets_[e + 1] += expert_offsets_[e];
-  std::vector<int> fill(expert_offsets_.begin(), expert_offsets_.end() - 1);
+  expert_fill_.assign(expert_offsets_.begin(), expert_offsets_.end() - 1);
   for (size_t i = 0; i < rows; ++i) {
-    const int slot = fill[chosen[i]]++;
+    const int slot = expert_fill_[sources[i]]++;
     gather[slot] = static_cast<int32_t>(i / k);
     sources[i] = slot;
   }

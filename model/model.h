@@ -210,6 +210,11 @@ class LlamaModel {
   std::vector<int32_t> host_routing_;       // Gather order [n*k], then sources [n*k].
   std::vector<float> host_expert_weights_;  // [n*k]; routing_ holds them after the ints.
   std::vector<int> expert_offsets_;         // [experts + 1].
+  // Routing scratch: one token's experts by probability, their probabilities, and each
+  // expert's next free row while the pairs are grouped.
+  std::vector<int> routing_order_;
+  std::vector<float> routing_probs_;
+  std::vector<int> expert_fill_;
 
   // Decode graphs (EnableDecodeGraphs): ids by padded (batch, table width), their fixed
   // metadata buffer and the cache they were captured against.
