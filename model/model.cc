@@ -9,8 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/gguf_weights.h"
 #include "common/status_macros.h"
 
 namespace conveyor::model {
@@ -114,6 +116,23 @@ class CheckpointSource final : public WeightSource {
   std::unique_ptr<Checkpoint> ckpt_;
 };
 
+class GgufSource final : public WeightSource {
+ public:
+  explicit GgufSource(std::unique_ptr<GgufWeights> gguf) : gguf_(std::move(gguf)) {}
+  bool Contains(const std::string& name) const override { return gguf_->Contains(name); }
+  absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
+                       float* out) const override {
+    return gguf_->ReadF32(name, shape, out);
+  }
+  absl::Status ReadF32Slice(const std::string& name, const std::vector<int64_t>& shape, int dim,
+                            int64_t begin, int64_t end, float* out) const override {
+    return gguf_->ReadF32Slice(name, shape, dim, begin, end, out);
+  }
+
+ private:
+  std::unique_ptr<GgufWeights> gguf_;
+};
+
 // Tensor parallelism splits heads, the MLP and every expert evenly; the vocabulary is
 // padded instead.
 absl::Status CheckShardable(const ModelConfig& c, int world) {
@@ -147,6 +166,11 @@ void ForwardBatch::Clear() {
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
                                                              kernels::Backend* backend,
                                                              Communicator* comm) {
+  if (absl::EndsWith(model_dir, ".gguf")) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufWeights> gguf, GgufWeights::Open(model_dir));
+    const ModelConfig config = gguf->config();
+    return Create(config, GgufSource(std::move(gguf)), backend, comm);
+  }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
   return Create(config, CheckpointSource(std::move(ckpt)), backend, comm);

@@ -87,7 +87,9 @@ class WeightSource {
 
 class LlamaModel {
  public:
-  // Loads rank comm->rank()'s shard of the checkpoint in `model_dir` onto `backend`;
+  // Loads rank comm->rank()'s shard of the checkpoint in `model_dir` (a Hugging Face
+  // safetensors directory, or a path ending in ".gguf": one GGUF file, its tensors
+  // dequantized to float32, checkpoint/gguf_weights.h) onto `backend`;
   // a null `comm` means one rank. `backend` and `comm` must outlive the model. Every
   // missing tensor or wrong shape is an error naming the tensor and file; a model whose
   // heads or intermediate size do not divide by the world size is INVALID_ARGUMENT.
