@@ -1,0 +1,243 @@
+// LlamaModel::Load of a GGUF file against the same weights from safetensors: test
+// checkpoints written as GGUF by tests/gguf_ref/hf_to_gguf.py (the `gguf` package, with
+// convert_hf_to_gguf's names, metadata and Llama Q/K row permutation), F32 and Q8_0.
+// F32 must give the safetensors model's logits bit for bit; Q8_0 within a stated
+// tolerance, its greedy tokens measured against the float model's. Also the errors: a
+// tensor of an unsupported type, a shape the model does not expect.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/gguf_weights.h"
+#include "checkpoint/safetensors.h"
+#include "common/test_temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/test_support.h"
+
+namespace conveyor::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kBlockSize = 16;
+constexpr int kNumBlocks = 64;
+constexpr int kGreedyTokens = 32;
+// Q8_0 logits against the float model's, relative (‖a − b‖ / ‖b‖), worst position.
+constexpr double kQ8MaxRelativeError = 0.05;
+
+std::string SourceRoot() {
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
+}
+
+// Writes test checkpoint `variant` as GGUF of `type` into `dir`; the file's path, or ""
+// after a failure saying why.
+std::string WriteGguf(const TestTempDir& dir, const std::string& variant, const std::string& type) {
+  const char* venv = std::getenv("CONVEYOR_TEST_VENV");
+  const std::string python = absl::StrCat(
+      venv != nullptr && *venv != '\0' ? venv : "/opt/conveyor-test-venv", "/bin/python");
+  if (!std::filesystem::exists(python)) {
+    ADD_FAILURE() << "no Python with the gguf package at " << python
+                  << "; run scripts/install-deps.sh (or set CONVEYOR_TEST_VENV)";
+    return "";
+  }
+  std::string out = absl::StrCat(dir.path(), "/", variant, ".", type, ".gguf");
+  const std::string command =
+      absl::StrCat("'", python, "' '", SourceRoot(), "/tests/gguf_ref/hf_to_gguf.py' --model '",
+                   TestModelDir(variant), "' --out '", out, "' --type ", type);
+  if (std::system(command.c_str()) != 0) {
+    ADD_FAILURE() << command << " failed";
+    return "";
+  }
+  return out;
+}
+
+// The logits at every position of `tokens`, run as one prefill: [n, vocab].
+std::vector<float> Logits(LocalWorker& w, const std::vector<int32_t>& tokens) {
+  const int vocab = w.model->config().vocab_size;
+  const int n = static_cast<int>(tokens.size());
+  model::ForwardBatch batch;
+  batch.token_ids = tokens;
+  batch.token_seq.assign(n, 0);
+  batch.token_pos.resize(n);
+  std::iota(batch.token_pos.begin(), batch.token_pos.end(), 0);
+  batch.slot_mapping = batch.token_pos;
+  batch.num_seqs = 1;
+  batch.max_blocks_per_seq = (n + kBlockSize - 1) / kBlockSize;
+  batch.block_tables.resize(batch.max_blocks_per_seq);
+  std::iota(batch.block_tables.begin(), batch.block_tables.end(), 0);
+  batch.logit_rows = batch.token_pos;
+  std::vector<float> logits(static_cast<size_t>(n) * vocab);
+  const absl::Status status = w.model->Forward(batch, *w.cache, logits.data());
+  EXPECT_TRUE(status.ok()) << status;
+  return logits;
+}
+
+// kGreedyTokens greedy tokens after `prompt` (each step a prefill of the whole sequence:
+// the models are tiny).
+std::vector<int32_t> Greedy(LocalWorker& w, std::vector<int32_t> tokens) {
+  const int vocab = w.model->config().vocab_size;
+  std::vector<int32_t> out;
+  for (int i = 0; i < kGreedyTokens; ++i) {
+    const std::vector<float> logits = Logits(w, tokens);
+    const float* last = logits.data() + (tokens.size() - 1) * static_cast<size_t>(vocab);
+    const int32_t next = static_cast<int32_t>(std::max_element(last, last + vocab) - last);
+    out.push_back(next);
+    tokens.push_back(next);
+  }
+  return out;
+}
+
+class GgufModelTest : public ::testing::TestWithParam<std::string> {};
+
+// Llama with MHA, tied embeddings, linear RoPE scaling, bf16 shards; Mixtral (GQA: K
+// permuted with 2 heads; merged experts); Qwen2 (q/k/v biases, not permuted).
+INSTANTIATE_TEST_SUITE_P(Variants, GgufModelTest,
+                         ::testing::Values("tied_mha_bf16_sharded", "mixtral_moe_tied",
+                                           "qwen2_bias_f16"));
+
+TEST_P(GgufModelTest, F32GivesTheSafetensorsLogitsAndQ8_0ComesClose) {
+  const std::string variant = GetParam();
+  TestTempDir dir;
+  const std::string f32 = WriteGguf(dir, variant, "f32");
+  const std::string q8 = WriteGguf(dir, variant, "q8_0");
+  ASSERT_FALSE(f32.empty() || q8.empty());
+  auto hf = LocalWorker::Create(TestModelDir(variant), 2, kNumBlocks, kBlockSize);
+  auto gguf_f32 = LocalWorker::Create(f32, 2, kNumBlocks, kBlockSize);
+  auto gguf_q8 = LocalWorker::Create(q8, 2, kNumBlocks, kBlockSize);
+  ASSERT_TRUE(hf && gguf_f32 && gguf_q8);
+  EXPECT_EQ(gguf_f32->model->config().vocab_size, hf->model->config().vocab_size);
+  EXPECT_EQ(gguf_f32->model->config().tie_word_embeddings, hf->model->config().tie_word_embeddings);
+
+  const Reference ref = LoadReference(variant);
+  ASSERT_FALSE(ref.prompts.empty());
+  double q8_max_error = 0.0;
+  int greedy_same = 0, greedy_total = 0, argmax_same = 0, argmax_total = 0;
+  const int vocab = hf->model->config().vocab_size;
+  for (const std::vector<int32_t>& prompt : ref.prompts) {
+    const std::vector<float> want = Logits(*hf, prompt);
+    const std::vector<float> got = Logits(*gguf_f32, prompt);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << variant << " F32 logit " << i;
+    }
+    const std::vector<float> q8_logits = Logits(*gguf_q8, prompt);
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      const float* a = q8_logits.data() + t * vocab;
+      const float* b = want.data() + t * vocab;
+      q8_max_error = std::max(q8_max_error, RelativeError(a, b, vocab));
+      argmax_same += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b;
+      ++argmax_total;
+    }
+    const std::vector<int32_t> greedy = Greedy(*hf, prompt);
+    EXPECT_EQ(Greedy(*gguf_f32, prompt), greedy) << variant;
+    const std::vector<int32_t> q8_greedy = Greedy(*gguf_q8, prompt);
+    // Tokens agreeing before the first difference (after it the contexts differ).
+    const auto first_diff = std::mismatch(greedy.begin(), greedy.end(), q8_greedy.begin());
+    greedy_same += static_cast<int>(first_diff.first - greedy.begin());
+    greedy_total += kGreedyTokens;
+  }
+  std::printf(
+      "%s Q8_0: max relative logit error %.3g; argmax agrees at %d/%d positions; "
+      "greedy prefix agrees for %d/%d tokens\n",
+      variant.c_str(), q8_max_error, argmax_same, argmax_total, greedy_same, greedy_total);
+  // Q8_0 keeps ~8 bits per weight: a few per cent of relative logit error on these
+  // random tiny models.
+  EXPECT_LT(q8_max_error, kQ8MaxRelativeError) << variant;
+  // The next token at a prompt position rarely changes; greedy continuations of these
+  // random models (small logit margins) part after some tokens and are only reported.
+  EXPECT_GE(argmax_same, argmax_total * 9 / 10) << variant;
+}
+
+// Every tensor of the checkpoint, whole and sliced along each dimension (as tensor
+// parallelism reads it), equals the safetensors tensor: names, merged experts, the Q/K
+// permutation undone, F32 dequantization.
+TEST_P(GgufModelTest, EveryTensorAndSliceEqualsTheSafetensorsOne) {
+  const std::string variant = GetParam();
+  TestTempDir dir;
+  const std::string path = WriteGguf(dir, variant, "f32");
+  ASSERT_FALSE(path.empty());
+  auto gguf = GgufWeights::Open(path);
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  auto ckpt = Checkpoint::Open(TestModelDir(variant));
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const nlohmann::json index = [&] {
+    std::ifstream in(TestModelDir(variant) + "/model.safetensors.index.json");
+    return in.good() ? nlohmann::json::parse(in) : nlohmann::json();
+  }();
+  std::vector<std::string> names;
+  if (!index.is_null()) {
+    for (const auto& [name, file] : index["weight_map"].items()) names.push_back(name);
+  } else {
+    auto file = SafetensorsFile::Open(TestModelDir(variant) + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    names = (*file)->TensorNames();
+  }
+  ASSERT_FALSE(names.empty());
+  for (const std::string& name : names) {
+    ASSERT_TRUE((*gguf)->Contains(name)) << name;
+    absl::StatusOr<TensorView> view = (*ckpt)->Find(name);
+    ASSERT_TRUE(view.ok()) << view.status();
+    const std::vector<int64_t> shape = view->shape;
+    int64_t size = 1;
+    for (int64_t d : shape) size *= d;
+    std::vector<float> want(size), got(size);
+    ASSERT_TRUE((*ckpt)->ReadF32(name, shape, want.data()).ok());
+    ASSERT_TRUE((*gguf)->ReadF32(name, shape, got.data()).ok()) << name;
+    ASSERT_EQ(got, want) << name;
+    for (int dim = 0; dim < static_cast<int>(shape.size()); ++dim) {
+      const int64_t begin = 1, end = shape[dim] - 1;
+      const int64_t slice = size / shape[dim] * (end - begin);
+      std::vector<float> want_slice(slice), got_slice(slice);
+      ASSERT_TRUE((*ckpt)->ReadF32Slice(name, shape, dim, begin, end, want_slice.data()).ok());
+      ASSERT_TRUE((*gguf)->ReadF32Slice(name, shape, dim, begin, end, got_slice.data()).ok())
+          << name;
+      ASSERT_EQ(got_slice, want_slice) << name << " dim " << dim;
+    }
+  }
+}
+
+TEST(GgufModelErrorsTest, RefusesAnUnsupportedTypeAtLoadNamingTensorAndType) {
+  TestTempDir dir;
+  const std::string path = WriteGguf(dir, "tied_mha_bf16_sharded", "q4_1");
+  ASSERT_FALSE(path.empty());
+  auto weights = GgufWeights::Open(path);
+  ASSERT_FALSE(weights.ok());
+  EXPECT_EQ(weights.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(weights.status().message(), HasSubstr(path));
+  EXPECT_THAT(weights.status().message(), HasSubstr("token_embd.weight"));
+  EXPECT_THAT(weights.status().message(), HasSubstr("Q4_1"));
+}
+
+TEST(GgufModelErrorsTest, ShapesAreCheckedNamingTensorAndFile) {
+  TestTempDir dir;
+  const std::string path = WriteGguf(dir, "tied_mha_bf16_sharded", "f32");
+  ASSERT_FALSE(path.empty());
+  auto weights = GgufWeights::Open(path);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const std::string q = "model.layers.0.self_attn.q_proj.weight";
+  ASSERT_TRUE((*weights)->Contains(q));
+  EXPECT_FALSE((*weights)->Contains("lm_head.weight"));  // Tied.
+  std::vector<float> out(64 * 64);
+  const absl::Status wrong = (*weights)->ReadF32(q, {32, 64}, out.data());
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.message(), HasSubstr(q));
+  EXPECT_THAT(wrong.message(), HasSubstr("blk.0.attn_q.weight"));
+  EXPECT_THAT(wrong.message(), HasSubstr(path));
+  EXPECT_THAT(wrong.message(), HasSubstr("[64, 64]"));
+  const absl::Status missing = (*weights)->ReadF32("model.nothing", {1}, out.data());
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr(path));
+}
+
+}  // namespace
+}  // namespace conveyor::testing
