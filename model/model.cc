@@ -150,6 +150,9 @@ absl::Status CheckShardable(const ModelConfig& c, int world) {
   return absl::OkStatus();
 }
 
+// A GGUF file rather than a Hugging Face checkpoint directory.
+bool IsGgufPath(const std::string& path) { return absl::EndsWith(path, ".gguf"); }
+
 }  // namespace
 
 void ForwardBatch::Clear() {
@@ -163,10 +166,16 @@ void ForwardBatch::Clear() {
   logit_rows.clear();
 }
 
+absl::StatusOr<ModelConfig> LoadCheckpointConfig(const std::string& path) {
+  if (!IsGgufPath(path)) return LoadModelConfig(path);
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufWeights> gguf, GgufWeights::Open(path));
+  return gguf->config();
+}
+
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
                                                              kernels::Backend* backend,
                                                              Communicator* comm) {
-  if (absl::EndsWith(model_dir, ".gguf")) {
+  if (IsGgufPath(model_dir)) {
     ASSIGN_OR_RETURN(std::unique_ptr<GgufWeights> gguf, GgufWeights::Open(model_dir));
     const ModelConfig config = gguf->config();
     return Create(config, GgufSource(std::move(gguf)), backend, comm);

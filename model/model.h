@@ -85,6 +85,10 @@ class WeightSource {
                                     int dim, int64_t begin, int64_t end, float* out) const = 0;
 };
 
+// The config of the checkpoint at `path` as LlamaModel::Load reads it: config.json of a
+// Hugging Face directory, or the metadata of a file ending in ".gguf".
+absl::StatusOr<ModelConfig> LoadCheckpointConfig(const std::string& path);
+
 class LlamaModel {
  public:
   // Loads rank comm->rank()'s shard of the checkpoint in `model_dir` (a Hugging Face

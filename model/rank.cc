@@ -23,7 +23,7 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(Device& device, const RankOpt
   };
   absl::Cleanup end_on_failure = end_rendezvous;
   std::unique_ptr<Rank> rank(new Rank());
-  ASSIGN_OR_RETURN(const ModelConfig checkpoint, LoadModelConfig(options.model_path));
+  ASSIGN_OR_RETURN(const ModelConfig checkpoint, LoadCheckpointConfig(options.model_path));
   ASSIGN_OR_RETURN(rank->backend_, device.MakeBackend(checkpoint));
   absl::StatusOr<std::unique_ptr<Communicator>> comm = device.Connect(
       options.collective_id, options.rank, options.world_size, rank->backend_.get(), deadline);
