@@ -117,6 +117,12 @@ TEST_P(GgufModelTest, F32GivesTheSafetensorsLogitsAndQ8_0ComesClose) {
   ASSERT_TRUE(hf && gguf_f32 && gguf_q8);
   EXPECT_EQ(gguf_f32->model->config().vocab_size, hf->model->config().vocab_size);
   EXPECT_EQ(gguf_f32->model->config().tie_word_embeddings, hf->model->config().tie_word_embeddings);
+  // What the worker reads before loading (model/rank.cc).
+  absl::StatusOr<ModelConfig> config = model::LoadCheckpointConfig(f32);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_layers, hf->model->config().num_layers);
+  EXPECT_EQ(config->num_kv_heads, hf->model->config().num_kv_heads);
+  EXPECT_EQ(config->rope_scaling.type, hf->model->config().rope_scaling.type);
 
   const Reference ref = LoadReference(variant);
   ASSERT_FALSE(ref.prompts.empty());
