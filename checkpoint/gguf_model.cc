@@ -4,6 +4,8 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/ggml_types.h"
 #include "common/status_macros.h"
 
 namespace conveyor {
@@ -145,6 +148,28 @@ std::string LayerTensor(int layer, absl::string_view suffix) {
 
 std::string SupportedGgufArchitectures() { return absl::StrJoin(kArchitectures, ", "); }
 
+std::string WeightDtypeOfGguf(const GgufFile& file) {
+  std::map<GgmlType, int> count;
+  for (const GgufTensorInfo& t : file.tensors()) {
+    if (t.dims.size() >= 2 && absl::StartsWith(t.name, "blk.")) ++count[t.type];
+  }
+  if (count.empty()) return "";
+  const GgmlType most =
+      std::max_element(count.begin(), count.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      })->first;
+  switch (most) {
+    case GgmlType::kF32:
+      return "float32";
+    case GgmlType::kF16:
+      return "float16";
+    case GgmlType::kBF16:
+      return "bfloat16";
+    default:
+      return TraitsOf(most).name;
+  }
+}
+
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
   absl::StatusOr<std::string> arch = file.GetString("general.architecture");
   if (!arch.ok()) {
@@ -226,6 +251,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file) {
   }
 
   // What the metadata does not say, the tensors do (as llama.cpp's loader reads them).
+  config.torch_dtype = WeightDtypeOfGguf(file);
   config.tie_word_embeddings = file.FindTensor("output.weight") == nullptr;
   config.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
   config.o_bias = file.FindTensor("blk.0.attn_output.bias") != nullptr;

@@ -19,8 +19,14 @@ namespace conveyor {
 // The `general.architecture` values ModelConfigFromGguf accepts, for messages.
 std::string SupportedGgufArchitectures();
 
+// The type most of `file`'s layer matrices (blk.*) are stored in, as a config's
+// torch_dtype: "float32", "float16" or "bfloat16", else ggml's name ("Q4_K", "Q8_0", ...);
+// empty if it has none.
+std::string WeightDtypeOfGguf(const GgufFile& file);
+
 // The model's config from `file`'s metadata (and, where the metadata is silent, its
-// tensors: tied embeddings, biases, per-head norms, which layers are sparse).
+// tensors: tied embeddings, biases, per-head norms, which layers are sparse, and the
+// weights' dtype as torch_dtype: WeightDtypeOfGguf).
 // INVALID_ARGUMENT naming the file and key for an unknown architecture (listing the
 // supported ones), a missing or ill-typed key, or a value out of range.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& file);

@@ -1,6 +1,7 @@
 #include "checkpoint/gguf_weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -150,6 +151,60 @@ absl::Status GgufWeights::ReadF32Slice(const std::string& name,
       return error_context(s);
     }
     if (dim == 1) std::copy_n(row.data() + first_col, width, dst);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GgmlType> GgufWeights::TypeOf(const std::string& name) const {
+  ASSIGN_OR_RETURN(const Source* source, Find(name));
+  return source->tensor->type;
+}
+
+absl::Status GgufWeights::ReadBlocks(const std::string& name,
+                                     const std::vector<int64_t>& expected_shape, int64_t row_begin,
+                                     int64_t row_end, int64_t col_begin, int64_t col_end,
+                                     std::vector<std::byte>* out) const {
+  ASSIGN_OR_RETURN(const Source* source, Find(name));
+  const GgufTensorInfo& tensor = *source->tensor;
+  const std::vector<int64_t>& shape = source->hf_shape;
+  auto describe = [&] {
+    return absl::StrCat("tensor '", name, "' (GGUF '", tensor.name, "') in ", path());
+  };
+  if (shape != expected_shape || shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(describe(), " has shape ", ShapeString(shape),
+                                                   ", expected the matrix ",
+                                                   ShapeString(expected_shape)));
+  }
+  const int64_t rows = shape[0], cols = shape[1];
+  if (row_begin < 0 || row_begin > row_end || row_end > rows || col_begin < 0 ||
+      col_begin > col_end || col_end > cols) {
+    return absl::OutOfRangeError(absl::StrCat("rows [", row_begin, ", ", row_end, ") columns [",
+                                              col_begin, ", ", col_end, ") of ", describe(),
+                                              " with shape ", ShapeString(shape)));
+  }
+  const GgmlTypeTraits traits = TraitsOf(tensor.type);
+  if (col_begin % traits.block_elements != 0 || col_end % traits.block_elements != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("columns [", col_begin, ", ", col_end, ") of ",
+                                                   describe(), " are not whole ", traits.name,
+                                                   " blocks of ", traits.block_elements));
+  }
+  const int heads = source->rope_permuted_heads;
+  if (heads > 0 && (rows % heads != 0 || (rows / heads) % 2 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(describe(), " has ", rows,
+                                                   " rows, not an even number for each of ", heads,
+                                                   " permuted heads"));
+  }
+  const int64_t row_bytes = cols / traits.block_elements * traits.block_bytes;
+  const std::byte* base =
+      tensor.data + (source->expert >= 0 ? source->expert * rows * row_bytes : 0);
+  const int64_t skip = col_begin / traits.block_elements * traits.block_bytes;
+  const int64_t width = (col_end - col_begin) / traits.block_elements * traits.block_bytes;
+  const size_t at = out->size();
+  out->resize(at + static_cast<size_t>((row_end - row_begin) * width));
+  std::byte* dst = out->data() + at;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t gguf_row = heads > 0 ? GgufRowOfHfRow(r, rows / heads) : r;
+    std::memcpy(dst + (r - row_begin) * width, base + gguf_row * row_bytes + skip, width);
   }
   return absl::OkStatus();
 }

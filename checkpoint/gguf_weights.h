@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/ggml_types.h"
 #include "checkpoint/gguf.h"
 #include "checkpoint/model_config.h"
 
@@ -43,6 +44,17 @@ class GgufWeights {
   // of a vector), densely packed.
   absl::Status ReadF32Slice(const std::string& name, const std::vector<int64_t>& expected_shape,
                             int dim, int64_t begin, int64_t end, float* out) const;
+
+  // The GGUF type HF tensor `name` is stored in (NOT_FOUND when absent).
+  absl::StatusOr<GgmlType> TypeOf(const std::string& name) const;
+  // Copies rows [row_begin, row_end) and columns [col_begin, col_end) of HF matrix `name`
+  // as stored, in their blocks: HF row order (the Q/K permutation of whole rows undone),
+  // each row's blocks from the one holding col_begin, appended to `out`. The shape is
+  // checked as ReadF32 does; INVALID_ARGUMENT when the columns do not start and end on
+  // block boundaries, or the tensor is not a matrix.
+  absl::Status ReadBlocks(const std::string& name, const std::vector<int64_t>& expected_shape,
+                          int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end,
+                          std::vector<std::byte>* out) const;
 
  private:
   // Where one HF tensor lives in the file.

@@ -76,7 +76,9 @@ struct ModelConfig {
 
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
-  std::string torch_dtype;  // As declared; informational.
+  // As declared; for a GGUF file its layers' weight type (WeightDtypeOfGguf: "Q4_K", ...).
+  // Picks the CPU weight storage under --cpu_weight_dtype=auto.
+  std::string torch_dtype;
 
   bool IsSparseLayer(int layer) const {
     return layer < static_cast<int>(sparse_layers.size()) && sparse_layers[layer];

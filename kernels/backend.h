@@ -21,10 +21,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu_weight_dtype.h"
+#include "kernels/quant_blocks.h"
 
 namespace conveyor::kernels {
 
@@ -111,6 +113,15 @@ class Backend {
                                                                                 int in_features,
                                                                                 const float* bias) {
     return PackLinear(weight, out_features, in_features, bias);
+  }
+  // Packs a weight whose rows are kept in GGUF blocks: `parts` stacked in order (out
+  // features: the sum of their rows), each row `in_features` wide (a whole number of its
+  // blocks), and bias [out] or null. The bytes are copied. UNIMPLEMENTED where the backend
+  // does not compute on these blocks (the default; the CPU backend unless made to keep
+  // them): the caller then dequantizes and calls PackLinear.
+  virtual absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearQuantized(
+      std::span<const QuantizedRows> parts, int in_features, const float* bias) {
+    return absl::UnimplementedError(name() + " does not compute on block-quantized weights");
   }
   // Copies a float32 host tensor into backend memory in the compute dtype (embeddings).
   virtual absl::StatusOr<void*> UploadCompute(const float* host, size_t count) = 0;
@@ -215,9 +226,12 @@ inline absl::StatusOr<BackendBuffer> AllocateBuffer(Backend* backend, size_t byt
 
 // The CPU backend: our own fixed-reduction-order GEMM (AVX-512 where available),
 // multi-threaded over `num_threads` threads (0: one per core), with weights stored as
-// `weights` and the KV cache as `kv` (docs/cpu-attention.md).
+// `weights` and the KV cache as `kv` (docs/cpu-attention.md). With `keep_quantized`,
+// PackLinearQuantized keeps GGUF block-quantized weights in their blocks (quant_gemm.h)
+// and `weights` applies to the rest; without, it is UNIMPLEMENTED, so they are dequantized.
 std::unique_ptr<Backend> MakeCpuBackend(int num_threads,
                                         CpuWeightDtype weights = CpuWeightDtype::kF32,
-                                        CpuKvDtype kv = CpuKvDtype::kF32);
+                                        CpuKvDtype kv = CpuKvDtype::kF32,
+                                        bool keep_quantized = false);
 
 }  // namespace conveyor::kernels

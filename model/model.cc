@@ -128,8 +128,44 @@ class GgufSource final : public WeightSource {
                             int64_t begin, int64_t end, float* out) const override {
     return gguf_->ReadF32Slice(name, shape, dim, begin, end, out);
   }
+  absl::Status ReadQuantizedRows(const std::string& name, const std::vector<int64_t>& shape,
+                                 int64_t row_begin, int64_t row_end, int64_t col_begin,
+                                 int64_t col_end, kernels::QuantBlockType* type,
+                                 std::vector<std::byte>* out) const override {
+    ASSIGN_OR_RETURN(const GgmlType ggml, gguf_->TypeOf(name));
+    const std::optional<kernels::QuantBlockType> quant = QuantBlockTypeOf(ggml);
+    if (!quant) {
+      return absl::UnimplementedError(
+          absl::StrCat(name, " is ", TraitsOf(ggml).name, ", not a block type the kernels take"));
+    }
+    const int64_t block = kernels::QuantBlockElements(*quant);
+    if (col_begin % block != 0 || col_end % block != 0) {
+      return absl::UnimplementedError(absl::StrCat("columns [", col_begin, ", ", col_end, ") of ",
+                                                   name, " are not whole ", TraitsOf(ggml).name,
+                                                   " blocks"));
+    }
+    *type = *quant;
+    return gguf_->ReadBlocks(name, shape, row_begin, row_end, col_begin, col_end, out);
+  }
 
  private:
+  static std::optional<kernels::QuantBlockType> QuantBlockTypeOf(GgmlType type) {
+    switch (type) {
+      case GgmlType::kQ8_0:
+        return kernels::QuantBlockType::kQ8_0;
+      case GgmlType::kQ4_0:
+        return kernels::QuantBlockType::kQ4_0;
+      case GgmlType::kQ4_K:
+        return kernels::QuantBlockType::kQ4_K;
+      case GgmlType::kQ5_K:
+        return kernels::QuantBlockType::kQ5_K;
+      case GgmlType::kQ6_K:
+        return kernels::QuantBlockType::kQ6_K;
+      default:
+        return std::nullopt;
+    }
+  }
+
   std::unique_ptr<GgufWeights> gguf_;
 };
 
@@ -261,21 +297,65 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     std::string name;
     int64_t rows, begin, end;
   };
+  // The weight of `parts` (each rows [begin, end) and input columns [col_begin, col_end)
+  // of a matrix [rows, in], rows past its end zero) kept in its GGUF blocks, with `bias`
+  // (null or one per output); nullptr where the source or the backend will not
+  // (UNIMPLEMENTED from either), so the caller packs floats instead.
+  struct BlockSlice {
+    std::string name;
+    int64_t rows, begin, end;
+  };
+  std::vector<std::vector<std::byte>> block_bytes;
+  auto pack_quantized =
+      [&](const std::vector<BlockSlice>& parts, int64_t in, int64_t col_begin, int64_t col_end,
+          const float* bias_values) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
+    std::vector<kernels::QuantizedRows> rows;
+    rows.reserve(parts.size());
+    block_bytes.assign(parts.size(), {});
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const BlockSlice& p = parts[i];
+      kernels::QuantBlockType type{};
+      const int64_t end = std::min(p.end, p.rows);
+      const absl::Status read = weights.ReadQuantizedRows(
+          p.name, {p.rows, in}, p.begin, end, col_begin, col_end, &type, &block_bytes[i]);
+      if (absl::IsUnimplemented(read)) return nullptr;
+      RETURN_IF_ERROR(read);
+      // Rows past the tensor (vocabulary padding) as zero blocks: zero scales, zero weights.
+      const size_t row_bytes = kernels::QuantRowBytes(type, static_cast<int>(col_end - col_begin));
+      block_bytes[i].resize(block_bytes[i].size() + (p.end - end) * row_bytes, std::byte{0});
+      rows.push_back({type, static_cast<int>(p.end - p.begin), block_bytes[i].data()});
+    }
+    absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> weight =
+        backend_->PackLinearQuantized(rows, static_cast<int>(col_end - col_begin), bias_values);
+    if (absl::IsUnimplemented(weight.status())) return nullptr;
+    if (weight.ok()) weight_bytes_ += (*weight)->size_bytes();
+    return weight;
+  };
   // A column-parallel layer: row slices of matrices with input width `in`, stacked along
   // the output dimension, with their biases (absent ones are zeros) when `with_bias`.
   auto pack_rows = [&](const std::vector<RowSlice>& parts, int64_t in,
                        bool with_bias) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
     int64_t out = 0;
     for (const RowSlice& p : parts) out += p.end - p.begin;
-    host.assign(out * in, 0.0f);
     bias.assign(with_bias ? out : 0, 0.0f);
     int64_t row = 0;
     for (const RowSlice& p : parts) {
-      RETURN_IF_ERROR(
-          read_rows(p.name + ".weight", {p.rows, in}, p.begin, p.end, host.data() + row * in));
       if (with_bias) {
         RETURN_IF_ERROR(read_rows(p.name + ".bias", {p.rows}, p.begin, p.end, bias.data() + row));
       }
+      row += p.end - p.begin;
+    }
+    std::vector<BlockSlice> slices;
+    slices.reserve(parts.size());
+    for (const RowSlice& p : parts) slices.push_back({p.name + ".weight", p.rows, p.begin, p.end});
+    ASSIGN_OR_RETURN(std::unique_ptr<kernels::LinearWeight> quantized,
+                     pack_quantized(slices, in, 0, in, with_bias ? bias.data() : nullptr));
+    if (quantized != nullptr) return quantized;
+    host.assign(out * in, 0.0f);
+    row = 0;
+    for (const RowSlice& p : parts) {
+      RETURN_IF_ERROR(
+          read_rows(p.name + ".weight", {p.rows, in}, p.begin, p.end, host.data() + row * in));
       row += p.end - p.begin;
     }
     return finish(out, in, with_bias);
@@ -285,10 +365,14 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
   auto pack_columns =
       [&](const std::string& name, int64_t out, int64_t in, int64_t begin, int64_t end,
           bool with_bias) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
-    host.resize(out * (end - begin));
-    RETURN_IF_ERROR(weights.ReadF32Slice(name + ".weight", {out, in}, 1, begin, end, host.data()));
     bias.resize(with_bias ? out : 0);
     if (with_bias) RETURN_IF_ERROR(weights.ReadF32(name + ".bias", {out}, bias.data()));
+    ASSIGN_OR_RETURN(std::unique_ptr<kernels::LinearWeight> quantized,
+                     pack_quantized({{name + ".weight", out, 0, out}}, in, begin, end,
+                                    with_bias ? bias.data() : nullptr));
+    if (quantized != nullptr) return quantized;
+    host.resize(out * (end - begin));
+    RETURN_IF_ERROR(weights.ReadF32Slice(name + ".weight", {out, in}, 1, begin, end, host.data()));
     return finish(out, end - begin, with_bias);
   };
 

@@ -24,6 +24,7 @@
 // Attention heads, KV heads and the intermediate sizes must divide by W.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -83,6 +84,18 @@ class WeightSource {
   // matrix, 0 of a vector), densely packed: one tensor-parallel shard.
   virtual absl::Status ReadF32Slice(const std::string& name, const std::vector<int64_t>& shape,
                                     int dim, int64_t begin, int64_t end, float* out) const = 0;
+  // Rows [row_begin, row_end) and columns [col_begin, col_end) of matrix `name` (shape
+  // `shape`) in the block-quantized layout it is stored in, rows in ReadF32's order: sets
+  // `type` and appends the rows' bytes to `out`. UNIMPLEMENTED where the tensor is not
+  // stored in one of kernels::QuantBlockType's layouts or the columns do not fall on its
+  // block boundaries (the default: a source of float tensors); the caller then reads it
+  // with ReadF32Slice.
+  virtual absl::Status ReadQuantizedRows(const std::string& name, const std::vector<int64_t>& shape,
+                                         int64_t row_begin, int64_t row_end, int64_t col_begin,
+                                         int64_t col_end, kernels::QuantBlockType* type,
+                                         std::vector<std::byte>* out) const {
+    return absl::UnimplementedError(name + " is not block-quantized");
+  }
 };
 
 // The config of the checkpoint at `path` as LlamaModel::Load reads it: config.json of a
@@ -92,8 +105,9 @@ absl::StatusOr<ModelConfig> LoadCheckpointConfig(const std::string& path);
 class LlamaModel {
  public:
   // Loads rank comm->rank()'s shard of the checkpoint in `model_dir` (a Hugging Face
-  // safetensors directory, or a path ending in ".gguf": one GGUF file, its tensors
-  // dequantized to float32, checkpoint/gguf_weights.h) onto `backend`;
+  // safetensors directory, or a path ending in ".gguf": one GGUF file,
+  // checkpoint/gguf_weights.h, whose block-quantized linear weights stay in their blocks
+  // where the backend's PackLinearQuantized takes them, else are dequantized) onto `backend`;
   // a null `comm` means one rank. `backend` and `comm` must outlive the model. Every
   // missing tensor or wrong shape is an error naming the tensor and file; a model whose
   // heads or intermediate size do not divide by the world size is INVALID_ARGUMENT.

@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_kernels.h"  // ToBf16Strided
+#include "kernels/cpu/quant_gemm.h"
 #include "kernels/cpu/row_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -34,31 +35,60 @@ int64_t RowGrain(int64_t row_floats) {
   return std::max<int64_t>(1, kChunkFloats / std::max<int64_t>(1, row_floats));
 }
 
+// A linear weight: packed panels (gemm.h), or GGUF blocks (quant_gemm.h).
 class CpuLinearWeight final : public LinearWeight {
  public:
   // Takes ownership of the scales and bias (std::free'd), and of the panels unless they
-  // live in the backend's WeightArena (`arena_panels`).
-  CpuLinearWeight(PackedGemmWeight packed, float* bias, bool arena_panels)
-      : packed_(packed), bias_(bias), arena_panels_(arena_panels) {}
+  // live in the backend's WeightArena (`arena_memory`).
+  CpuLinearWeight(PackedGemmWeight packed, float* bias, bool arena_memory)
+      : packed_(packed), bias_(bias), arena_memory_(arena_memory) {}
+  // Block-quantized: `parts` point into `blocks` (`block_bytes` of them; owned, std::free'd,
+  // unless in the arena).
+  CpuLinearWeight(std::vector<QuantizedRows> parts, int in, void* blocks, size_t block_bytes,
+                  float* bias, bool arena_memory)
+      : bias_(bias),
+        arena_memory_(arena_memory),
+        quant_parts_(std::move(parts)),
+        quant_blocks_(blocks),
+        quant_bytes_(block_bytes) {
+    packed_.n = 0;
+    for (const QuantizedRows& p : quant_parts_) packed_.n += p.rows;
+    packed_.k = in;
+  }
   ~CpuLinearWeight() override {
-    if (!arena_panels_) std::free(packed_.panels);
+    if (!arena_memory_) std::free(quantized() ? quant_blocks_ : packed_.panels);
     std::free(packed_.scales);
     std::free(bias_);
   }
+  CpuLinearWeight(const CpuLinearWeight&) = delete;
+  CpuLinearWeight& operator=(const CpuLinearWeight&) = delete;
   int out_features() const override { return packed_.n; }
   int in_features() const override { return packed_.k; }
   size_t size_bytes() const override {
-    return PackedGemmPanelBytes(packed_.type, packed_.n, packed_.k) +
-           PackedGemmScaleBytes(packed_.type, packed_.n) +
-           (bias_ != nullptr ? packed_.n * sizeof(float) : 0);
+    const size_t weights = quantized() ? quant_bytes_
+                                       : PackedGemmPanelBytes(packed_.type, packed_.n, packed_.k) +
+                                             PackedGemmScaleBytes(packed_.type, packed_.n);
+    return weights + (bias_ != nullptr ? packed_.n * sizeof(float) : 0);
   }
-  const PackedGemmWeight& packed() const { return packed_; }
+  bool quantized() const { return !quant_parts_.empty(); }
   const float* bias() const { return bias_; }
 
+  // y[m, out] (row stride ldy) = x[m, in] (row stride ldx) · Wᵀ + b.
+  void Apply(const float* x, int ldx, int m, float* y, int ldy, ThreadPool* pool) const {
+    if (quantized()) {
+      GemmQuantized(x, ldx, m, packed_.k, quant_parts_, bias_, y, ldy, pool);
+    } else {
+      GemmPackedAs(x, ldx, m, packed_, bias_, y, ldy, pool);
+    }
+  }
+
  private:
-  PackedGemmWeight packed_;
-  float* bias_;  // Null when the layer has none.
-  bool arena_panels_;
+  PackedGemmWeight packed_;  // n and k only, when quantized.
+  float* bias_;              // Null when the layer has none.
+  bool arena_memory_;
+  std::vector<QuantizedRows> quant_parts_;
+  void* quant_blocks_ = nullptr;
+  size_t quant_bytes_ = 0;
 };
 
 // 64-byte aligned memory, freed with std::free. A buffer of 2 MiB or more (weights, the
@@ -117,8 +147,8 @@ class WeightArena {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, CpuWeightDtype weights, CpuKvDtype kv)
-      : weight_type_(weights), kv_type_(kv), pool_(num_threads) {}
+  CpuBackend(int num_threads, CpuWeightDtype weights, CpuKvDtype kv, bool keep_quantized)
+      : weight_type_(weights), kv_type_(kv), keep_quantized_(keep_quantized), pool_(num_threads) {}
 
   std::string name() const override {
     // bf16 says how it multiplies (vdpbf16ps or the FMAs: the same bits, gemm.h).
@@ -126,9 +156,12 @@ class CpuBackend final : public Backend {
         weight_type_ == CpuWeightDtype::kBf16
             ? absl::StrCat(" (", Bf16ArithmeticName(kernels_.bf16_arithmetic), ")")
             : "";
-    return absl::StrCat("cpu(", CpuIsaName(kernels_.isa), ", ", CpuWeightDtypeName(weight_type_),
-                        " weights", arithmetic, ", ", CpuKvDtypeName(kv_type_), " KV, ",
-                        pool_.num_threads(), " threads)");
+    const std::string quantized =
+        keep_quantized_ ? absl::StrCat("GGUF blocks kept (", QuantGemmKernelName(), "), else ")
+                        : "";
+    return absl::StrCat("cpu(", CpuIsaName(kernels_.isa), ", ", quantized,
+                        CpuWeightDtypeName(weight_type_), " weights", arithmetic, ", ",
+                        CpuKvDtypeName(kv_type_), " KV, ", pool_.num_threads(), " threads)");
   }
   size_t activation_bytes() const override { return sizeof(float); }
   size_t kv_element_bytes() const override {
@@ -161,6 +194,47 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearFullPrecision(
       const float* weight, int out, int in, const float* bias) override {
     return PackAs(CpuWeightDtype::kF32, weight, out, in, bias);
+  }
+
+  absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearQuantized(
+      std::span<const QuantizedRows> parts, int in, const float* bias) override {
+    if (!keep_quantized_) {
+      return absl::UnimplementedError(
+          absl::StrCat(name(), " dequantizes GGUF blocks (--cpu_weight_dtype is not auto)"));
+    }
+    size_t bytes = 0;
+    int out = 0;
+    for (const QuantizedRows& p : parts) {
+      if (in <= 0 || in % QuantBlockElements(p.type) != 0 || p.rows < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("PackLinearQuantized: ", in,
+                                                       " inputs are not whole ",
+                                                       QuantBlockTypeName(p.type), " blocks"));
+      }
+      bytes += QuantRowBytes(p.type, in) * p.rows;
+      out += p.rows;
+    }
+    if (out == 0) return absl::InvalidArgumentError("PackLinearQuantized: no rows");
+    const bool in_arena = bytes < (size_t{2} << 20);
+    void* blocks = in_arena ? arena_.Allocate(bytes) : AlignedBytes(bytes);
+    float* bias_copy = bias != nullptr ? AlignedFloats(out) : nullptr;
+    if (blocks == nullptr || (bias != nullptr && bias_copy == nullptr)) {
+      if (!in_arena) std::free(blocks);
+      std::free(bias_copy);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate a ", out, "x", in, " quantized weight"));
+    }
+    std::vector<QuantizedRows> copied;
+    size_t at = 0;
+    for (const QuantizedRows& p : parts) {
+      const size_t part_bytes = QuantRowBytes(p.type, in) * p.rows;
+      if (p.rows == 0) continue;
+      std::memcpy(static_cast<char*>(blocks) + at, p.blocks, part_bytes);
+      copied.push_back({p.type, p.rows, static_cast<char*>(blocks) + at});
+      at += part_bytes;
+    }
+    if (bias != nullptr) std::memcpy(bias_copy, bias, out * sizeof(float));
+    return std::make_unique<CpuLinearWeight>(std::move(copied), in, blocks, bytes, bias_copy,
+                                             in_arena);
   }
 
   // Compute dtype is float32, so both uploads are plain copies.
@@ -206,8 +280,8 @@ class CpuBackend final : public Backend {
 
   void Linear(const void* x, int n, const LinearWeight& weight, void* out) override {
     const auto& w = static_cast<const CpuLinearWeight&>(weight);
-    GemmPackedAs(static_cast<const float*>(x), w.in_features(), n, w.packed(), w.bias(),
-                 static_cast<float*>(out), w.out_features(), &pool_);
+    w.Apply(static_cast<const float*>(x), w.in_features(), n, static_cast<float*>(out),
+            w.out_features(), &pool_);
   }
 
   // Each group's GEMM on one thread when there are enough groups to share out (an MoE
@@ -225,8 +299,8 @@ class CpuBackend final : public Backend {
       const int rows = offsets[g + 1] - offsets[g];
       if (rows == 0) return;
       const auto& w = static_cast<const CpuLinearWeight&>(*weights[g]);
-      GemmPackedAs(xs + static_cast<size_t>(offsets[g]) * in, in, rows, w.packed(), w.bias(),
-                   ys + static_cast<size_t>(offsets[g]) * out_width, out_width, pool);
+      w.Apply(xs + static_cast<size_t>(offsets[g]) * in, in, rows,
+              ys + static_cast<size_t>(offsets[g]) * out_width, out_width, pool);
     };
     int used = 0;
     for (int g = 0; g < num_groups; ++g) used += offsets[g + 1] > offsets[g] ? 1 : 0;
@@ -392,14 +466,16 @@ class CpuBackend final : public Backend {
   const internal::RowKernels& row_kernels_ = *kernels_.rows;
   const CpuWeightDtype weight_type_;
   const CpuKvDtype kv_type_;
+  const bool keep_quantized_;
   WeightArena arena_;  // Before any weight is made, after every weight is gone.
   ThreadPool pool_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(int num_threads, CpuWeightDtype weights, CpuKvDtype kv) {
-  return std::make_unique<CpuBackend>(num_threads, weights, kv);
+std::unique_ptr<Backend> MakeCpuBackend(int num_threads, CpuWeightDtype weights, CpuKvDtype kv,
+                                        bool keep_quantized) {
+  return std::make_unique<CpuBackend>(num_threads, weights, kv, keep_quantized);
 }
 
 }  // namespace conveyor::kernels

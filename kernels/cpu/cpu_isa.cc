@@ -17,13 +17,15 @@ struct Feature {
 };
 
 constexpr Feature kAvx512Bf16 = {7, 1, 'a', 5, "avx512_bf16"};
+constexpr Feature kAvx512Vl = {7, 0, 'b', 31, "avx512vl"};
+constexpr Feature kAvx512Vnni = {7, 0, 'c', 11, "avx512_vnni"};
 constexpr Feature kFeatures[] = {
     {7, 0, 'b', 5, "avx2"},
     {1, 0, 'c', 12, "fma"},
     {7, 0, 'b', 16, "avx512f"},
-    {7, 0, 'b', 31, "avx512vl"},
+    kAvx512Vl,
     kAvx512Bf16,
-    {7, 0, 'c', 11, "avx512_vnni"},
+    kAvx512Vnni,
     {7, 0, 'd', 23, "avx512_fp16"},
     {7, 1, 'a', 4, "avx_vnni"},
     {7, 0, 'd', 24, "amx_tile"},
@@ -144,6 +146,12 @@ std::string CpuIsaEnvironmentError() {
   std::string error = CpuIsaVariableError();
   if (error.empty()) error = ReadBf16Request().error;
   return error;
+}
+
+bool CpuHasAvx512Vnni() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          Has(kAvx512Vl) && Has(kAvx512Vnni) && __builtin_cpu_supports("f16c");
+  return has;
 }
 
 std::string CpuFeatureSummary() {

@@ -9,8 +9,8 @@
 // AVX512-BF16 kernel (vdpbf16ps); the levels below compute the same bits with FMA
 // (docs/cpu-weights.md). Where both run, the faster on this CPU is used
 // (bf16_arithmetic.h: vdpbf16ps does twice the FMA's multiply-adds per second on a Zen 5,
-// half on an Intel Xeon without AMX). AMX and VNNI are detected and logged
-// (CpuFeatureSummary) but have no kernels yet.
+// half on an Intel Xeon without AMX). AMX is detected and logged
+// (CpuFeatureSummary) but has no kernels yet; VNNI runs the quantized GEMM (quant_gemm.h).
 #pragma once
 
 #include <optional>
@@ -52,6 +52,10 @@ std::optional<Bf16Arithmetic> RequestedBf16Arithmetic();
 // if unset or usable, else a message saying what to set instead. (The kernels ignore an
 // unusable value.)
 std::string CpuIsaEnvironmentError();
+
+// Whether the CPU (and OS) run AVX512-VNNI on 256-bit vectors (with AVX512VL and BW, and
+// F16C): the quantized GEMM's kernel at the avx512 levels (quant_gemm.h).
+bool CpuHasAvx512Vnni();
 
 // The x86 features that matter to the kernels and that this CPU has, for the log, e.g.
 // "avx2 fma avx512f avx512_bf16 avx512_vnni amx_bf16 amx_int8".

@@ -66,9 +66,10 @@ class CpuDevice final : public Device {
   absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(const ModelConfig& model) override {
     const kernels::CpuWeightDtype dtype =
         ResolveCpuWeightDtype(options_.weights, model.torch_dtype);
-    const kernels::CpuKvDtype kv = ResolveCpuKvDtype(options_.kv, dtype);
+    const bool quantized = KeepsQuantizedWeights(options_.weights, model.torch_dtype);
+    const kernels::CpuKvDtype kv = ResolveCpuKvDtype(options_.kv, dtype, quantized);
     std::unique_ptr<kernels::Backend> backend =
-        kernels::MakeCpuBackend(options_.num_threads, dtype, kv);
+        kernels::MakeCpuBackend(options_.num_threads, dtype, kv, quantized);
     spdlog::info("CPU backend {} for a {} checkpoint (--cpu_weight_dtype={}, --cpu_kv_dtype={})",
                  backend->name(), model.torch_dtype.empty() ? "float32" : model.torch_dtype,
                  ChoiceName(options_.weights), KvChoiceName(options_.kv));
@@ -133,7 +134,16 @@ absl::StatusOr<CpuKvChoice> ParseCpuKvChoice(std::string_view name) {
       absl::StrCat("--cpu_kv_dtype must be auto, f32 or bf16, got \"", std::string(name), "\""));
 }
 
-kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtype weights) {
+bool KeepsQuantizedWeights(CpuWeightChoice choice, std::string_view torch_dtype) {
+  if (choice != CpuWeightChoice::kAuto) return false;
+  for (std::string_view type : {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"}) {
+    if (torch_dtype == type) return true;
+  }
+  return false;
+}
+
+kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtype weights,
+                                      bool quantized_weights) {
   switch (choice) {
     case CpuKvChoice::kBf16:
       return kernels::CpuKvDtype::kBf16;
@@ -141,10 +151,11 @@ kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtyp
       return kernels::CpuKvDtype::kF32;
     case CpuKvChoice::kAuto:
     default:
-      // Narrow weights (bf16, int8) were chosen for speed and already cost more accuracy
-      // than bf16 K and V add (docs/cpu-attention.md); f32 weights keep f32 K and V.
-      return weights == kernels::CpuWeightDtype::kF32 ? kernels::CpuKvDtype::kF32
-                                                      : kernels::CpuKvDtype::kBf16;
+      // Narrow weights (bf16, int8, GGUF blocks) were chosen for speed and already cost more
+      // accuracy than bf16 K and V add (docs/cpu-attention.md); f32 weights keep f32 K and V.
+      return weights == kernels::CpuWeightDtype::kF32 && !quantized_weights
+                 ? kernels::CpuKvDtype::kF32
+                 : kernels::CpuKvDtype::kBf16;
   }
 }
 

@@ -16,7 +16,8 @@ namespace conveyor::model {
 
 // --cpu_weight_dtype: how linear-layer weights are stored (docs/cpu-weights.md).
 enum class CpuWeightChoice {
-  kAuto,  // bf16 for a bf16/f16 checkpoint where the kernels have AVX512-BF16, else f32.
+  kAuto,  // A GGUF file's block-quantized weights as they are (KeepsQuantizedWeights);
+          // bf16 for a bf16/f16 checkpoint where the kernels have AVX512-BF16, else f32.
   kF32,
   kBf16,
   kInt8,
@@ -28,6 +29,11 @@ absl::StatusOr<CpuWeightChoice> ParseCpuWeightChoice(std::string_view name);
 // The dtype `choice` means for a checkpoint declaring `torch_dtype` on this CPU.
 kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice, std::string_view torch_dtype);
 
+// Whether `choice` keeps a checkpoint's GGUF block-quantized weights in their blocks: auto
+// on a file whose layers are stored in one (torch_dtype "Q8_0", "Q4_K", ...; the other
+// tensors then get ResolveCpuWeightDtype's dtype). Explicit f32/bf16/int8 dequantize.
+bool KeepsQuantizedWeights(CpuWeightChoice choice, std::string_view torch_dtype);
+
 // --cpu_kv_dtype: how the KV cache is stored (docs/cpu-attention.md).
 enum class CpuKvChoice {
   kAuto,  // bf16 where the weights are bf16 or int8, f32 where they are f32.
@@ -38,8 +44,9 @@ enum class CpuKvChoice {
 // Parses "auto", "f32" or "bf16".
 absl::StatusOr<CpuKvChoice> ParseCpuKvChoice(std::string_view name);
 
-// The KV dtype `choice` means next to weights stored as `weights`.
-kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtype weights);
+// The KV dtype `choice` means next to weights stored as `weights` (or kept quantized).
+kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtype weights,
+                                      bool quantized_weights = false);
 
 struct CpuDeviceOptions {
   int num_threads = 0;  // Compute threads; 0: one per core.

@@ -49,9 +49,9 @@ Reference LoadReference(const std::string& variant) {
 std::unique_ptr<LocalWorker> LocalWorker::Create(const std::string& model_dir, int num_threads,
                                                  int num_blocks, int block_size,
                                                  kernels::CpuWeightDtype weights,
-                                                 kernels::CpuKvDtype kv) {
+                                                 kernels::CpuKvDtype kv, bool keep_quantized) {
   auto w = std::make_unique<LocalWorker>();
-  w->backend = kernels::MakeCpuBackend(num_threads, weights, kv);
+  w->backend = kernels::MakeCpuBackend(num_threads, weights, kv, keep_quantized);
   auto model = model::LlamaModel::Load(model_dir, w->backend.get());
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;

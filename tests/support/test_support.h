@@ -38,11 +38,12 @@ struct LocalWorker {
   std::unique_ptr<worker::StepRunner> engine;
   LogitsRecorder logits;  // The engine's logits tap.
 
-  // Aborts the test (ASSERT) on failure.
+  // Aborts the test (ASSERT) on failure. `keep_quantized`: a GGUF file's block-quantized
+  // weights stay in their blocks (MakeCpuBackend).
   static std::unique_ptr<LocalWorker> Create(
       const std::string& model_dir, int num_threads, int num_blocks, int block_size,
       kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32,
-      kernels::CpuKvDtype kv = kernels::CpuKvDtype::kF32);
+      kernels::CpuKvDtype kv = kernels::CpuKvDtype::kF32, bool keep_quantized = false);
 };
 
 // ‖a − b‖ / ‖b‖.

@@ -1,0 +1,301 @@
+// GemmQuantized's driver (activation quantization, tiling, threads, the kernel choice)
+// and the portable kernel, which spells out the arithmetic the vector kernels reproduce.
+// Compiled for any x86-64, without FP contraction.
+#include "kernels/cpu/quant_gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/quant_gemm_kernels.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace conveyor::kernels {
+namespace internal {
+
+float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const int exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits = 0;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | static_cast<uint32_t>(exponent + 112) << 23 | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // A subnormal half is a normal float.
+    int e = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --e;
+    }
+    bits = sign | static_cast<uint32_t>(e) << 23 | ((mantissa & 0x3ffu) << 13);
+  }
+  float f = 0;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+void QuantizeActivations(const float* x, int ldx, int m, int k, int block, int8_t* q, float* d,
+                         int16_t* bsum16) {
+  const int blocks = k / block;
+  for (int r = 0; r < m; ++r) {
+    const float* row = x + static_cast<size_t>(r) * ldx;
+    int8_t* qr = q + static_cast<size_t>(r) * k;
+    for (int b = 0; b < blocks; ++b) {
+      float most = 0.0f;
+      for (int i = b * block; i < (b + 1) * block; ++i) most = std::max(most, std::fabs(row[i]));
+      const float scale = most / 127.0f;
+      const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+      d[static_cast<size_t>(r) * blocks + b] = scale;
+      for (int i = b * block; i < (b + 1) * block; ++i) {
+        qr[i] = static_cast<int8_t>(std::clamp(std::nearbyint(row[i] * inverse), -127.0f, 127.0f));
+      }
+    }
+    for (int g = 0; g < k / 16; ++g) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += qr[g * 16 + i];
+      bsum16[static_cast<size_t>(r) * (k / 16) + g] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
+namespace {
+
+uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// One K-type super-block unpacked: unsigned q per weight, an integer scale and "min" per
+// 16 weights (Q4_K/Q5_K: the 6-bit scale and min of the 32 they belong to; Q6_K: the int8
+// scale and 32·scale), and the block's float d and dmin.
+struct KBlock {
+  uint8_t q[256];
+  int sc[16];
+  int mn[16];
+  float d;
+  float dmin;
+};
+
+void ScaleMinK4(int j, const uint8_t* s, int* scale, int* min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+void UnpackK(QuantBlockType type, const uint8_t* b, KBlock* out) {
+  if (type == QuantBlockType::kQ6_K) {
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    out->d = HalfBitsToFloat(LoadU16(b + 208));
+    out->dmin = 0.0f;
+    for (int n = 0; n < 2; ++n) {
+      for (int l = 0; l < 32; ++l) {
+        uint8_t* q = out->q + 128 * n;
+        q[l] = (ql[64 * n + l] & 0x0f) | (((qh[32 * n + l] >> 0) & 3) << 4);
+        q[l + 32] = (ql[64 * n + l + 32] & 0x0f) | (((qh[32 * n + l] >> 2) & 3) << 4);
+        q[l + 64] = (ql[64 * n + l] >> 4) | (((qh[32 * n + l] >> 4) & 3) << 4);
+        q[l + 96] = (ql[64 * n + l + 32] >> 4) | (((qh[32 * n + l] >> 6) & 3) << 4);
+      }
+    }
+    for (int i = 0; i < 16; ++i) {
+      const int byte = b[192 + i];
+      const int scale = byte >= 128 ? byte - 256 : byte;  // Q6_K's scales are int8.
+      out->sc[i] = scale;
+      out->mn[i] = 32 * scale;
+    }
+    return;
+  }
+  out->d = HalfBitsToFloat(LoadU16(b));
+  out->dmin = HalfBitsToFloat(LoadU16(b + 2));
+  const uint8_t* scales = b + 4;
+  const bool five = type == QuantBlockType::kQ5_K;
+  const uint8_t* qh = b + 16;
+  const uint8_t* ql = five ? b + 48 : b + 16;
+  for (int g = 0; g < 4; ++g) {
+    for (int l = 0; l < 32; ++l) {
+      int lo = ql[32 * g + l] & 0x0f, hi = ql[32 * g + l] >> 4;
+      if (five) {
+        lo += ((qh[l] >> (2 * g)) & 1) << 4;
+        hi += ((qh[l] >> (2 * g + 1)) & 1) << 4;
+      }
+      out->q[64 * g + l] = static_cast<uint8_t>(lo);
+      out->q[64 * g + 32 + l] = static_cast<uint8_t>(hi);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    int sc = 0, mn = 0;
+    ScaleMinK4(j, scales, &sc, &mn);
+    out->sc[2 * j] = out->sc[2 * j + 1] = sc;
+    out->mn[2 * j] = out->mn[2 * j + 1] = mn;
+  }
+}
+
+}  // namespace
+
+void QuantTilePortable(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
+                       const uint8_t* w, size_t row_bytes, int outputs, const float* bias, float* y,
+                       int ldy) {
+  const int k = a.k;
+  const int block = QuantBlockElements(type);
+  const int block_bytes = QuantBlockBytes(type);
+  const int blocks = k / block;
+  const int x_blocks = k / a.block;
+  KBlock kb;
+  for (int o = 0; o < outputs; ++o) {
+    const uint8_t* wr = w + o * row_bytes;
+    for (int r = r0; r < r0 + rows; ++r) {
+      const int8_t* xq = a.q + static_cast<size_t>(r) * k;
+      const float* xd = a.d + static_cast<size_t>(r) * x_blocks;
+      const int16_t* bs = a.bsum16 + static_cast<size_t>(r) * (k / 16);
+      float acc = 0.0f;
+      for (int b = 0; b < blocks; ++b) {
+        const uint8_t* blk = wr + static_cast<size_t>(b) * block_bytes;
+        const int8_t* xb = xq + b * block;
+        if (type == QuantBlockType::kQ8_0 || type == QuantBlockType::kQ4_0) {
+          int sum = 0;
+          if (type == QuantBlockType::kQ8_0) {
+            for (int i = 0; i < 32; ++i) sum += static_cast<int8_t>(blk[2 + i]) * xb[i];
+          } else {
+            for (int i = 0; i < 16; ++i) {
+              sum += (blk[2 + i] & 0x0f) * xb[i] + (blk[2 + i] >> 4) * xb[i + 16];
+            }
+            sum -= 8 * (bs[2 * b] + bs[2 * b + 1]);
+          }
+          const float scale = HalfBitsToFloat(LoadU16(blk)) * xd[b];
+          acc = std::fma(static_cast<float>(sum), scale, acc);
+          continue;
+        }
+        UnpackK(type, blk, &kb);
+        int sum = 0, msum = 0;
+        for (int g = 0; g < 16; ++g) {
+          int dot = 0;
+          for (int i = 0; i < 16; ++i) dot += kb.q[16 * g + i] * xb[16 * g + i];
+          sum += kb.sc[g] * dot;
+          msum += kb.mn[g] * bs[16 * b + g];
+        }
+        if (type == QuantBlockType::kQ6_K) {
+          acc = std::fma(static_cast<float>(sum - msum), kb.d * xd[b], acc);
+        } else {
+          acc = std::fma(static_cast<float>(sum), kb.d * xd[b], acc);
+          acc = std::fma(static_cast<float>(msum), -(kb.dmin * xd[b]), acc);
+        }
+      }
+      y[static_cast<size_t>(r - r0) * ldy + o] = bias != nullptr ? acc + bias[o] : acc;
+    }
+  }
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::QuantTileKernel;
+
+struct QuantKernelChoice {
+  QuantTileKernel kernel;
+  const char* name;
+};
+
+const QuantKernelChoice& ActiveQuantKernel() {
+  static const QuantKernelChoice choice = [] {
+    const CpuIsa isa = ActiveCpuIsa();
+    if (isa >= CpuIsa::kAvx512 && CpuHasAvx512Vnni()) {
+      return QuantKernelChoice{internal::QuantTileAvx512Vnni, "avx512_vnni"};
+    }
+    if (isa >= CpuIsa::kAvx2) return QuantKernelChoice{internal::QuantTileAvx2, "avx2"};
+    return QuantKernelChoice{internal::QuantTilePortable, "portable"};
+  }();
+  return choice;
+}
+
+bool IsKType(QuantBlockType type) { return QuantBlockElements(type) == 256; }
+
+// One thread's activations, per block size, kept between calls.
+struct ActivationBuffers {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> bsum16;
+  internal::QuantizedActivations Quantize(const float* x, int ldx, int m, int k, int block) {
+    q.resize(static_cast<size_t>(m) * k);
+    d.resize(static_cast<size_t>(m) * (k / block));
+    bsum16.resize(static_cast<size_t>(m) * (k / 16));
+    internal::QuantizeActivations(x, ldx, m, k, block, q.data(), d.data(), bsum16.data());
+    return {q.data(), d.data(), bsum16.data(), k, block};
+  }
+};
+
+}  // namespace
+
+const char* QuantGemmKernelName() { return ActiveQuantKernel().name; }
+
+void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const QuantizedRows> parts,
+                   const float* bias, float* y, int ldy, ThreadPool* pool) {
+  if (m <= 0) return;
+  const QuantTileKernel kernel = ActiveQuantKernel().kernel;
+  // X quantized once per call, in 32- and/or 256-blocks as the parts need (the pool's
+  // threads only read it).
+  thread_local ActivationBuffers small, large;
+  bool need_small = false, need_large = false;
+  for (const QuantizedRows& p : parts) (IsKType(p.type) ? need_large : need_small) = true;
+  internal::QuantizedActivations a32, a256;
+  if (need_small) a32 = small.Quantize(x, ldx, m, k, 32);
+  if (need_large) a256 = large.Quantize(x, ldx, m, k, 256);
+
+  // Tiles of kQuantTileOutputs rows of one part; a thread takes a chunk of tiles and runs
+  // every row tile of X over it, so the chunk's weights are read from memory once.
+  struct Tile {
+    const QuantizedRows* part;
+    int first_row;  // Within the part.
+    int column;     // Of Y.
+  };
+  std::vector<Tile> tiles;
+  size_t weight_bytes = 0;
+  int column = 0;
+  for (const QuantizedRows& p : parts) {
+    for (int r = 0; r < p.rows; r += internal::kQuantTileOutputs) {
+      tiles.push_back({&p, r, column + r});
+    }
+    column += p.rows;
+    weight_bytes += QuantRowBytes(p.type, k) * p.rows;
+  }
+  const int64_t num_tiles = static_cast<int64_t>(tiles.size());
+  if (num_tiles == 0) return;
+  // Chunks of about 256 KiB of weights (L2), fewer where that leaves a thread idle.
+  const size_t tile_bytes = std::max<size_t>(1, weight_bytes / num_tiles);
+  int64_t grain = std::max<int64_t>(1, static_cast<int64_t>((256u << 10) / tile_bytes));
+  if (pool != nullptr) {
+    grain = std::clamp<int64_t>(num_tiles / (4 * pool->num_threads()), 1, grain);
+  }
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int r = 0; r < m; r += internal::kQuantMaxRows) {
+      const int rows = std::min(internal::kQuantMaxRows, m - r);
+      for (int64_t t = begin; t < end; ++t) {
+        const Tile& tile = tiles[t];
+        const QuantizedRows& p = *tile.part;
+        const size_t row_bytes = QuantRowBytes(p.type, k);
+        kernel(p.type, IsKType(p.type) ? a256 : a32, r, rows,
+               static_cast<const uint8_t*>(p.blocks) + tile.first_row * row_bytes, row_bytes,
+               std::min(internal::kQuantTileOutputs, p.rows - tile.first_row),
+               bias != nullptr ? bias + tile.column : nullptr,
+               y + static_cast<size_t>(r) * ldy + tile.column, ldy);
+      }
+    }
+  };
+  if (pool == nullptr) {
+    run(0, num_tiles);
+  } else {
+    pool->ParallelFor(num_tiles, grain, run);
+  }
+}
+
+}  // namespace conveyor::kernels
