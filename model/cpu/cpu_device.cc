@@ -38,6 +38,8 @@ const char* ChoiceName(CpuWeightChoice choice) {
       return "bf16";
     case CpuWeightChoice::kInt8:
       return "int8";
+    case CpuWeightChoice::kGguf:
+      return "gguf";
     case CpuWeightChoice::kF32:
     default:
       return "f32";
@@ -122,8 +124,9 @@ absl::StatusOr<CpuWeightChoice> ParseCpuWeightChoice(std::string_view name) {
   if (name == "f32") return CpuWeightChoice::kF32;
   if (name == "bf16") return CpuWeightChoice::kBf16;
   if (name == "int8") return CpuWeightChoice::kInt8;
+  if (name == "gguf") return CpuWeightChoice::kGguf;
   return absl::InvalidArgumentError(absl::StrCat(
-      "--cpu_weight_dtype must be auto, f32, bf16 or int8, got \"", std::string(name), "\""));
+      "--cpu_weight_dtype must be auto, f32, bf16, int8 or gguf, got \"", std::string(name), "\""));
 }
 
 absl::StatusOr<CpuKvChoice> ParseCpuKvChoice(std::string_view name) {
@@ -134,12 +137,20 @@ absl::StatusOr<CpuKvChoice> ParseCpuKvChoice(std::string_view name) {
       absl::StrCat("--cpu_kv_dtype must be auto, f32 or bf16, got \"", std::string(name), "\""));
 }
 
-bool KeepsQuantizedWeights(CpuWeightChoice choice, std::string_view torch_dtype) {
-  if (choice != CpuWeightChoice::kAuto) return false;
+namespace {
+
+// Whether a checkpoint's layer matrices are GGUF blocks the CPU kernels compute on.
+bool BlockQuantized(std::string_view torch_dtype) {
   for (std::string_view type : {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"}) {
     if (torch_dtype == type) return true;
   }
   return false;
+}
+
+}  // namespace
+
+bool KeepsQuantizedWeights(CpuWeightChoice choice, std::string_view torch_dtype) {
+  return choice == CpuWeightChoice::kGguf && BlockQuantized(torch_dtype);
 }
 
 kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtype weights,
@@ -169,7 +180,15 @@ kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice,
     case CpuWeightChoice::kInt8:
       return kernels::CpuWeightDtype::kInt8;
     case CpuWeightChoice::kAuto:
+    case CpuWeightChoice::kGguf:
       break;
+  }
+  // A block-quantized file holds at most 8.5 bits a weight: int8 with per-channel scales
+  // reads a byte each and, on the CPUs measured, runs faster than the blocks themselves
+  // (docs/cpu-weights.md, bench/results/2026-12-06-quant). Under gguf this applies only to
+  // the tensors left out of the blocks (embeddings, routers).
+  if (choice == CpuWeightChoice::kAuto && BlockQuantized(torch_dtype)) {
+    return kernels::CpuWeightDtype::kInt8;
   }
   // A 16-bit checkpoint is already rounded: as bf16 weights a bf16 one loses nothing (an
   // f16 one rounds 3 more mantissa bits away), and every decode step reads half the bytes.
