@@ -298,26 +298,23 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
     int64_t rows, begin, end;
   };
   // The weight of `parts` (each rows [begin, end) and input columns [col_begin, col_end)
-  // of a matrix [rows, in], rows past its end zero) kept in its GGUF blocks, with `bias`
-  // (null or one per output); nullptr where the source or the backend will not
-  // (UNIMPLEMENTED from either), so the caller packs floats instead.
-  struct BlockSlice {
-    std::string name;
-    int64_t rows, begin, end;
-  };
+  // of the matrix `<name>.weight` [rows, in], rows past its end zero) kept in its GGUF
+  // blocks, with `bias` (null or one per output); nullptr where the source or the backend
+  // will not (UNIMPLEMENTED from either), so the caller packs floats instead.
   std::vector<std::vector<std::byte>> block_bytes;
   auto pack_quantized =
-      [&](const std::vector<BlockSlice>& parts, int64_t in, int64_t col_begin, int64_t col_end,
+      [&](const std::vector<RowSlice>& parts, int64_t in, int64_t col_begin, int64_t col_end,
           const float* bias_values) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
     std::vector<kernels::QuantizedRows> rows;
     rows.reserve(parts.size());
     block_bytes.assign(parts.size(), {});
     for (size_t i = 0; i < parts.size(); ++i) {
-      const BlockSlice& p = parts[i];
+      const RowSlice& p = parts[i];
       kernels::QuantBlockType type{};
       const int64_t end = std::min(p.end, p.rows);
-      const absl::Status read = weights.ReadQuantizedRows(
-          p.name, {p.rows, in}, p.begin, end, col_begin, col_end, &type, &block_bytes[i]);
+      const absl::Status read =
+          weights.ReadQuantizedRows(p.name + ".weight", {p.rows, in}, p.begin, end, col_begin,
+                                    col_end, &type, &block_bytes[i]);
       if (absl::IsUnimplemented(read)) return nullptr;
       RETURN_IF_ERROR(read);
       // Rows past the tensor (vocabulary padding) as zero blocks: zero scales, zero weights.
@@ -345,11 +342,8 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
       }
       row += p.end - p.begin;
     }
-    std::vector<BlockSlice> slices;
-    slices.reserve(parts.size());
-    for (const RowSlice& p : parts) slices.push_back({p.name + ".weight", p.rows, p.begin, p.end});
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::LinearWeight> quantized,
-                     pack_quantized(slices, in, 0, in, with_bias ? bias.data() : nullptr));
+                     pack_quantized(parts, in, 0, in, with_bias ? bias.data() : nullptr));
     if (quantized != nullptr) return quantized;
     host.assign(out * in, 0.0f);
     row = 0;
@@ -367,9 +361,9 @@ absl::Status LlamaModel::LoadWeights(const WeightSource& weights) {
           bool with_bias) -> absl::StatusOr<std::unique_ptr<kernels::LinearWeight>> {
     bias.resize(with_bias ? out : 0);
     if (with_bias) RETURN_IF_ERROR(weights.ReadF32(name + ".bias", {out}, bias.data()));
-    ASSIGN_OR_RETURN(std::unique_ptr<kernels::LinearWeight> quantized,
-                     pack_quantized({{name + ".weight", out, 0, out}}, in, begin, end,
-                                    with_bias ? bias.data() : nullptr));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<kernels::LinearWeight> quantized,
+        pack_quantized({{name, out, 0, out}}, in, begin, end, with_bias ? bias.data() : nullptr));
     if (quantized != nullptr) return quantized;
     host.resize(out * (end - begin));
     RETURN_IF_ERROR(weights.ReadF32Slice(name + ".weight", {out, in}, 1, begin, end, host.data()));
