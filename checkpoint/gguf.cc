@@ -302,8 +302,14 @@ class GgufParser {
   absl::Status PlaceTensors() {
     const uint64_t alignment = file_.alignment_;
     file_.data_offset_ = (pos_ + alignment - 1) / alignment * alignment;
-    const uint64_t data_bytes =
-        file_.data_offset_ <= image_.size() ? image_.size() - file_.data_offset_ : 0;
+    if (file_.data_offset_ > image_.size()) {
+      // Not even an empty tensor has a place: its data pointer would lie past the end.
+      if (file_.tensors_.empty()) return absl::OkStatus();
+      return Corrupt(absl::StrCat("the data section would start at byte ", file_.data_offset_,
+                                  ", past the end of the file (", image_.size(),
+                                  " bytes; truncated?)"));
+    }
+    const uint64_t data_bytes = image_.size() - file_.data_offset_;
     std::vector<const GgufTensorInfo*> by_offset;
     by_offset.reserve(file_.tensors_.size());
     for (GgufTensorInfo& tensor : file_.tensors_) {

@@ -435,6 +435,16 @@ TEST(GgufErrorsTest, TensorInfoErrors) {
   ExpectError(one({4}, kF32, ~uint64_t{0} - 31, 64), absl::StatusCode::kDataLoss,
               "exceed the data section");
 
+  // A file cut inside the padding before the data section: even an empty tensor would
+  // point past its end (found by gguf_fuzzer).
+  GgufBuilder cut;
+  cut.Kv("general.alignment", kU32, Le<uint32_t>(1024));
+  cut.alignment = 1024;
+  cut.Tensor("empty", {0}, kF32, 0);
+  std::string image = cut.Build();
+  image.resize(image.size() - 500);
+  ExpectError(image, absl::StatusCode::kDataLoss, "past the end of the file");
+
   GgufBuilder twice;
   twice.Tensor("w", {4}, kF32, 0).Tensor("w", {4}, kF32, 32);
   twice.data_bytes = 64;
