@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
   conveyor::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "Serves streaming text generation over gRPC, batching requests onto model workers.\n"
-      "Usage: conveyor-scheduler --model=DIR --workers=HOST:PORT[,HOST:PORT...] [flags]");
+      "Usage: conveyor-scheduler --model=DIR|FILE.gguf --workers=HOST:PORT[,HOST:PORT...] "
+      "[flags]");
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<ServerConfig> parsed = conveyor::scheduler::ServerConfigFromFlags();
   // Logs go to stderr; stdout carries only the "listening on" line that scripts read.

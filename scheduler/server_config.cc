@@ -9,7 +9,8 @@ namespace conveyor::scheduler {
 
 absl::Status ValidateServerConfig(const ServerConfig& config) {
   if (config.model_dir.empty()) {
-    return absl::InvalidArgumentError("--model is required (the model directory the workers load)");
+    return absl::InvalidArgumentError(
+        "--model is required (the model directory or .gguf file the workers load)");
   }
   if (config.max_steps_in_flight < 0 || config.max_steps_in_flight > 2) {
     return absl::InvalidArgumentError(absl::StrCat(

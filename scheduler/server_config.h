@@ -24,8 +24,9 @@
 namespace conveyor::scheduler {
 
 struct ServerConfig {
-  // The model directory (Hugging Face layout) the workers load, and the name the APIs
-  // give the model (the directory's name).
+  // The model the workers load, a directory (Hugging Face layout) or a .gguf file (which
+  // then also holds the tokenizer and chat template), and the name the APIs give the
+  // model (the directory's or file's name).
   std::string model_dir;
   std::string model_name;
 

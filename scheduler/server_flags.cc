@@ -13,7 +13,9 @@
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address for the client API (0.0.0.0: all).");
 ABSL_FLAG(int, port, 50051, "Port for the client API (gRPC); 0 picks a free one.");
 ABSL_FLAG(int, metrics_port, 9400, "Port for Prometheus metrics (/metrics); 0 disables.");
-ABSL_FLAG(std::string, model, "", "Model directory (Hugging Face layout) the workers load.");
+ABSL_FLAG(std::string, model, "",
+          "Model the workers load: a directory (Hugging Face layout) or one .gguf file, "
+          "which then also gives the tokenizer and chat template.");
 ABSL_FLAG(std::string, workers, "127.0.0.1:50061",
           "Comma-separated host:port of the worker ranks, rank 0 first.");
 ABSL_FLAG(std::string, policy, "continuous", "Batching policy: continuous, static or dynamic.");

@@ -23,7 +23,9 @@ import sys
 ALLOWED = {
     "common": set(),
     "checkpoint": {"common"},
-    "text": {"common"},
+    # A GGUF file carries its tokenizer and chat template (issue K): text/ reads them
+    # with checkpoint/'s GGUF parser.
+    "text": {"common", "checkpoint"},
     # Structured output's grammar engine: the scheduler compiles schemas with it, the
     # worker matches tokens with it; so it may not use text/ (the worker never tokenizes).
     "grammar": {"common"},

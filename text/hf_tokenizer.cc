@@ -319,6 +319,42 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(std::string_view
                                                                 std::string_view config_json,
                                                                 std::string_view config_source) {
   const json root = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::unique_ptr<HfTokenizer>> built = Build(root, source);
+  if (!built.ok()) return built.status();
+  std::unique_ptr<HfTokenizer> tokenizer = *std::move(built);
+  if (!config_json.empty()) {
+    const json config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(hf::AsAbsl(config_source), ": not a JSON object"));
+    }
+    const auto id_of = [&](std::string_view key) {
+      const std::string name = SpecialTokenName(config, key);
+      return name.empty() ? -1 : tokenizer->TokenToId(name);
+    };
+    tokenizer->bos_id_ = id_of("bos_token");
+    tokenizer->eos_id_ = id_of("eos_token");
+    tokenizer->pad_id_ = id_of("pad_token");
+  }
+  return tokenizer;
+}
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromDocument(const json& document,
+                                                                       std::string_view source,
+                                                                       const SpecialIds& ids,
+                                                                       std::string_view kind) {
+  absl::StatusOr<std::unique_ptr<HfTokenizer>> built = Build(document, source);
+  if (!built.ok()) return built.status();
+  std::unique_ptr<HfTokenizer> tokenizer = *std::move(built);
+  tokenizer->kind_ = std::string(kind);
+  tokenizer->bos_id_ = ids.bos;
+  tokenizer->eos_id_ = ids.eos;
+  tokenizer->pad_id_ = ids.pad;
+  return tokenizer;
+}
+
+absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Build(const json& root,
+                                                                std::string_view source) {
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(hf::AsAbsl(source), ": not a JSON object"));
   }
@@ -371,21 +407,6 @@ absl::StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Parse(std::string_view
     tokenizer->post_processor_ = *std::move(parsed);
   }
   tokenizer->vocab_size_ = std::max(tokenizer->model_->max_id(), tokenizer->added_->max_id()) + 1;
-
-  if (!config_json.empty()) {
-    const json config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-    if (config.is_discarded() || !config.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(hf::AsAbsl(config_source), ": not a JSON object"));
-    }
-    const auto id_of = [&](std::string_view key) {
-      const std::string name = SpecialTokenName(config, key);
-      return name.empty() ? -1 : tokenizer->TokenToId(name);
-    };
-    tokenizer->bos_id_ = id_of("bos_token");
-    tokenizer->eos_id_ = id_of("eos_token");
-    tokenizer->pad_id_ = id_of("pad_token");
-  }
   return tokenizer;
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
 #include "text/tokenizer.h"
 
 namespace conveyor {
@@ -51,9 +52,23 @@ class HfTokenizer final : public Tokenizer {
   static absl::StatusOr<std::unique_ptr<HfTokenizer>> Parse(
       std::string_view json, std::string_view source, std::string_view config_json = "",
       std::string_view config_source = "tokenizer_config.json");
+  // The model's BOS, EOS and padding ids when they are known as ids (-1: none).
+  struct SpecialIds {
+    int bos = -1;
+    int eos = -1;
+    int pad = -1;
+  };
+  // The same from a tokenizer.json document already parsed (or built, as
+  // gguf_tokenizer.h does from a GGUF file's metadata), with the special ids given
+  // rather than named by a tokenizer_config.json; `kind` is what kind() returns.
+  static absl::StatusOr<std::unique_ptr<HfTokenizer>> FromDocument(const nlohmann::json& document,
+                                                                   std::string_view source,
+                                                                   const SpecialIds& ids,
+                                                                   std::string_view kind);
   ~HfTokenizer() override;
 
-  std::string_view kind() const override { return "tokenizer.json"; }
+  // "tokenizer.json", or the kind FromDocument was given (e.g. "gguf").
+  std::string_view kind() const override { return kind_; }
   absl::StatusOr<std::vector<int>> Encode(std::string_view text) const override;
   absl::StatusOr<std::vector<int>> EncodeWithSpecialTokens(std::string_view text) const override;
   std::string Decode(const std::vector<int>& ids) const override;
@@ -69,6 +84,9 @@ class HfTokenizer final : public Tokenizer {
 
  private:
   HfTokenizer();
+  // Steps 1-5's stages from `document`; the special ids are left at -1.
+  static absl::StatusOr<std::unique_ptr<HfTokenizer>> Build(const nlohmann::json& document,
+                                                            std::string_view source);
   absl::StatusOr<std::vector<int>> EncodeImpl(std::string_view text, bool add_special_tokens) const;
   // Steps 3-4 for one stretch of normalized text.
   absl::Status TokenizeStretch(std::string_view text, bool at_start, std::vector<int>* ids) const;
@@ -81,6 +99,7 @@ class HfTokenizer final : public Tokenizer {
   std::unique_ptr<hf::BpeModel> model_;
   std::unique_ptr<hf::PostProcessor> post_processor_;  // Null: adds nothing.
   std::unique_ptr<hf::Decoder> decoder_;               // Null: tokens joined with spaces, as HF.
+  std::string kind_ = "tokenizer.json";
   int vocab_size_ = 0;
   int bos_id_ = -1;
   int eos_id_ = -1;

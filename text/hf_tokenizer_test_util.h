@@ -1,8 +1,8 @@
 // For tests only: makes reference tokenizer.json files and expected ids with HF's
-// `tokenizers` package, by running tests/tokenizer_ref/make_tokenizers.py with the test
-// venv's Python ($CONVEYOR_TEST_VENV, else /opt/conveyor-test-venv; made by
-// scripts/install-deps.sh). Without that Python the calling test fails, saying so: a
-// missing reference must never pass silently.
+// `tokenizers` package, by running tests/tokenizer_ref/make_tokenizers.py (or
+// tests/gguf_ref/make_gguf_tokenizers.py for GGUF files) with the test venv's Python
+// ($CONVEYOR_TEST_VENV, else /opt/conveyor-test-venv; made by scripts/install-deps.sh). Without
+// that Python the calling test fails, saying so: a missing reference must never pass silently.
 #pragma once
 
 #include <cstdlib>
@@ -22,9 +22,11 @@ inline std::string SourceRoot() {
   return std::filesystem::path(__FILE__).parent_path().parent_path().string();
 }
 
-// Runs make_tokenizers.py into `dir` with extra `flags` (e.g. "--tokenizers llama3
-// --strings 50 --sweeps no"); false, after adding a failure that says why, when it cannot.
-inline bool MakeTokenizerReference(const TestTempDir& dir, const std::string& flags) {
+// Runs the reference script `script` (relative to the repository root) with the test
+// venv's Python, `--corpus tests/model_gen/corpus.txt --out <dir>` and extra `flags`;
+// false, after adding a failure that says why, when it cannot.
+inline bool RunTokenizerReferenceScript(const TestTempDir& dir, const std::string& script,
+                                        const std::string& flags) {
   const char* venv = std::getenv("CONVEYOR_TEST_VENV");
   const std::string python = absl::StrCat(
       venv != nullptr && *venv != '\0' ? venv : "/opt/conveyor-test-venv", "/bin/python");
@@ -34,10 +36,10 @@ inline bool MakeTokenizerReference(const TestTempDir& dir, const std::string& fl
     return false;
   }
   const std::string root = SourceRoot();
-  const std::string log = dir.path() + "/make_tokenizers.log";
-  const std::string command = absl::StrCat(
-      "'", python, "' '", root, "/tests/tokenizer_ref/make_tokenizers.py' --corpus '", root,
-      "/tests/model_gen/corpus.txt' --out '", dir.path(), "' ", flags, " > '", log, "' 2>&1");
+  const std::string log = dir.path() + "/reference_script.log";
+  const std::string command = absl::StrCat("'", python, "' '", root, "/", script, "' --corpus '",
+                                           root, "/tests/model_gen/corpus.txt' --out '", dir.path(),
+                                           "' ", flags, " > '", log, "' 2>&1");
   if (std::system(command.c_str()) != 0) {
     std::ifstream in(log);
     std::ostringstream output;
@@ -46,6 +48,12 @@ inline bool MakeTokenizerReference(const TestTempDir& dir, const std::string& fl
     return false;
   }
   return true;
+}
+
+// Runs make_tokenizers.py into `dir` with extra `flags` (e.g. "--tokenizers llama3
+// --strings 50 --sweeps no").
+inline bool MakeTokenizerReference(const TestTempDir& dir, const std::string& flags) {
+  return RunTokenizerReferenceScript(dir, "tests/tokenizer_ref/make_tokenizers.py", flags);
 }
 
 }  // namespace conveyor

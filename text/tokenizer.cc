@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "text/gguf_tokenizer.h"
 #include "text/hf_tokenizer.h"
 #include "text/sentencepiece_tokenizer.h"
 
@@ -46,6 +47,11 @@ SentencePieceTokenizer::Options SentencePieceOptions(const std::filesystem::path
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& model_dir) {
+  if (IsGgufPath(model_dir)) {
+    absl::StatusOr<std::unique_ptr<HfTokenizer>> gguf = LoadGgufTokenizer(model_dir);
+    if (!gguf.ok()) return gguf.status();
+    return std::unique_ptr<Tokenizer>(*std::move(gguf));
+  }
   const std::filesystem::path dir(model_dir);
   const std::string json_path = (dir / "tokenizer.json").string();
   const std::string model_path = (dir / "tokenizer.model").string();

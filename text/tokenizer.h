@@ -5,7 +5,8 @@
 // Two implementations: HfTokenizer (hf_tokenizer.h) runs a Hugging Face `tokenizer.json`
 // (Llama 3.x, Qwen2/2.5, Mistral, Phi-3.5 ship only that), SentencePieceTokenizer
 // (sentencepiece_tokenizer.h) a `tokenizer.model`. When a directory has both, Load takes
-// tokenizer.json, as HF's fast tokenizers do.
+// tokenizer.json, as HF's fast tokenizers do. A GGUF file's vocabulary runs on
+// HfTokenizer too, as the tokenizer.json its metadata describes (gguf_tokenizer.h).
 //
 // Special tokens and BOS, for the scheduler. A model's tokenizer decides what goes around
 // a prompt: Llama 3's tokenizer.json adds <|begin_of_text|> through its post-processor,
@@ -43,14 +44,15 @@ class Tokenizer {
   // Loads `<model_dir>/tokenizer.json` (with `tokenizer_config.json` beside it, when
   // present, for the bos/eos/pad token names) or, failing that, `tokenizer.model`.
   // NotFound when neither exists; InvalidArgument/DataLoss naming the file when it
-  // cannot be read as a tokenizer.
+  // cannot be read as a tokenizer. A `model_dir` ending in ".gguf" is a GGUF file instead:
+  // its tokenizer.ggml.* metadata (LoadGgufTokenizer; its errors name the file and key).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& model_dir);
   virtual ~Tokenizer() = default;
 
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // "tokenizer.json" or "sentencepiece".
+  // "tokenizer.json", "sentencepiece" or "gguf".
   virtual std::string_view kind() const = 0;
 
   // Token ids for `text`, without the tokens the tokenizer adds around a sequence (HF:

@@ -15,6 +15,7 @@
 #include "scheduler/front_end.h"
 #include "scheduler/http/tls_identity.h"
 #include "spdlog/spdlog.h"
+#include "text/gguf_tokenizer.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -70,14 +71,25 @@ std::string ConfigToken(const Json& config, const char* key) {
   return "";
 }
 
-// The text a chat template gets as bos_token and eos_token: tokenizer_config.json's, as
-// Hugging Face passes them, else the tokenizer's pieces for its BOS and EOS ids.
-std::pair<std::string, std::string> TemplateSpecialTokens(const std::string& model_dir,
-                                                          const Tokenizer& tokenizer) {
-  std::ifstream in(model_dir + "/tokenizer_config.json");
+// The model's tokenizer_config.json, or for a GGUF file the one its metadata implies;
+// null when there is none or it cannot be read.
+Json TokenizerConfig(const std::string& model_path) {
+  if (IsGgufPath(model_path)) {
+    absl::StatusOr<Json> config = LoadGgufTokenizerConfig(model_path);
+    return config.ok() ? *std::move(config) : Json();
+  }
+  std::ifstream in(model_path + "/tokenizer_config.json");
   std::stringstream text;
   text << in.rdbuf();
-  const Json config = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  return Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+}
+
+// The text a chat template gets as bos_token and eos_token: tokenizer_config.json's (a
+// GGUF file's tokenizer.ggml.bos/eos_token_id tokens), as Hugging Face passes them, else
+// the tokenizer's pieces for its BOS and EOS ids.
+std::pair<std::string, std::string> TemplateSpecialTokens(const std::string& model_path,
+                                                          const Tokenizer& tokenizer) {
+  const Json config = TokenizerConfig(model_path);
   std::string bos = config.is_object() ? ConfigToken(config, "bos_token") : "";
   std::string eos = config.is_object() ? ConfigToken(config, "eos_token") : "";
   if (bos.empty() && tokenizer.bos_id() >= 0) bos = tokenizer.Piece(tokenizer.bos_id());

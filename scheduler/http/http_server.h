@@ -47,8 +47,8 @@ class HttpServer final : private HttpHandler {
     HttpTransport::Options transport;
     // How deep and how large a request's JSON may be.
     JsonLimits json_limits;
-    // The model directory (for the chat template's special tokens), the name responses
-    // give the model, and the other names a request's "model" may use.
+    // The model directory or .gguf file (for the chat template's special tokens), the name
+    // responses give the model, and the other names a request's "model" may use.
     std::string model_dir;
     std::string model_name;
     std::vector<std::string> model_aliases;

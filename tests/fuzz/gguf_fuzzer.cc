@@ -1,7 +1,8 @@
 // Fuzzes checkpoint/gguf.h's parser on whole files held in memory (GgufFile::Parse, which
 // Open uses on its mapping), then reads what it accepted: every metadata value, every
 // tensor's bytes (ASan catches any read outside the input), the dequantization of the
-// supported types, and the ModelConfig and HF names (checkpoint/gguf_model.h). Beyond the
+// supported types, the ModelConfig and HF names (checkpoint/gguf_model.h), and the tokenizer
+// the metadata describes (text/gguf_tokenizer.h), which then encodes and decodes. Beyond the
 // sanitizers, it checks that each tensor lies inside the input, its bytes are what its
 // type and dims need, and tensors do not overlap.
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "checkpoint/gguf.h"
 #include "checkpoint/gguf_model.h"
 #include "tests/fuzz/fuzz_support.h"
+#include "text/gguf_tokenizer.h"
 
 namespace conveyor::fuzz {
 namespace {
@@ -68,6 +70,17 @@ void FuzzOne(const uint8_t* data, size_t size) {
   std::sort(extents.begin(), extents.end());
   for (size_t i = 1; i < extents.size(); ++i) {
     if (extents[i - 1].second > extents[i].first) InvariantViolated("tensors overlap", "");
+  }
+  // Any tokenizer metadata: an error, or a tokenizer that runs.
+  if (auto tokenizer = LoadGgufTokenizer(**file); tokenizer.ok()) {
+    absl::StatusOr<std::vector<int>> ids =
+        (*tokenizer)
+            ->EncodeWithSpecialTokens("Hello  world\n<s> 12345 caf\xC3\xA9 \xF0\x9F\x9A\x80");
+    if (!ids.ok()) InvariantViolated("a GGUF tokenizer cannot encode valid text", "");
+    std::vector<int> all(std::min((*tokenizer)->vocab_size(), 512));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    (*tokenizer)->Decode(all);
+    (*tokenizer)->Decode(*ids);
   }
   absl::StatusOr<ModelConfig> config = ModelConfigFromGguf(**file);
   if (!config.ok()) return;

@@ -9,6 +9,12 @@ tests/worker/gguf_model_test.cc to load the same weights from both formats.
 
 --type q8_0 quantizes every matrix whose rows are whole Q8_0 blocks (as convert does,
 the rest, vectors included, stay F32); --type q4_1 likewise with a type Conveyor refuses.
+
+The checkpoint's tokenizer.model goes in as convert_hf_to_gguf's _set_vocab_sentencepiece
+writes it (tokenizer.ggml.model "llama", the pieces, scores and token types, the unknown
+token, add_space_prefix from its normalizer spec; no merges), read from the model file's
+protobuf directly (no sentencepiece package); --chat-template TEXT adds
+tokenizer.chat_template, which convert copies from tokenizer_config.json.
 """
 import argparse
 import json
@@ -49,6 +55,86 @@ def read_safetensors(model_dir):
     return tensors
 
 
+def protobuf_fields(blob):
+    """(field number, wire type, value) of one protobuf message: ints for varints and
+    fixed32/64 (raw), bytes for length-delimited fields."""
+    i = 0
+
+    def varint():
+        nonlocal i
+        result = shift = 0
+        while True:
+            b = blob[i]
+            i += 1
+            result |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return result
+
+    while i < len(blob):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            yield number, wire, varint()
+        elif wire == 1:
+            yield number, wire, blob[i:i + 8]
+            i += 8
+        elif wire == 2:
+            n = varint()
+            yield number, wire, blob[i:i + n]
+            i += n
+        elif wire == 5:
+            yield number, wire, blob[i:i + 4]
+            i += 4
+        else:
+            raise ValueError(f"protobuf wire type {wire}")
+
+
+def read_sentencepiece(path):
+    """sentencepiece's ModelProto: pieces (piece, score, type; type NORMAL=1 by default)
+    and NormalizerSpec.add_dummy_prefix (default true)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    pieces, add_dummy_prefix = [], True
+    for number, _, value in protobuf_fields(blob):
+        if number == 1:  # SentencePiece
+            piece, score, kind = "", 0.0, 1
+            for n, _, v in protobuf_fields(value):
+                if n == 1:
+                    piece = v.decode("utf-8")
+                elif n == 2:
+                    score = float(np.frombuffer(v, dtype="<f4")[0])
+                elif n == 3:
+                    kind = v
+            pieces.append((piece, score, kind))
+        elif number == 3:  # NormalizerSpec
+            for n, _, v in protobuf_fields(value):
+                if n == 3:
+                    add_dummy_prefix = bool(v)
+    return pieces, add_dummy_prefix
+
+
+def add_tokenizer(w, model_dir, cfg, chat_template):
+    """The tokenizer metadata convert_hf_to_gguf writes for a sentencepiece model."""
+    pieces, add_dummy_prefix = read_sentencepiece(os.path.join(model_dir, "tokenizer.model"))
+    # sentencepiece's types are llama.cpp's token types (NORMAL 1 ... BYTE 6).
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([p for p, _, _ in pieces])
+    w.add_token_scores([s for _, s, _ in pieces])
+    w.add_token_types([t for _, _, t in pieces])
+    unknown = [i for i, (_, _, t) in enumerate(pieces) if t == gguf.TokenType.UNKNOWN]
+    if unknown:
+        w.add_unk_token_id(unknown[0])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_bool("tokenizer.ggml.add_space_prefix", add_dummy_prefix)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+
+
 def permute(w, n_head):
     """convert_hf_to_gguf's LlamaModel.permute."""
     return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
@@ -60,6 +146,7 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--type", choices=["f32", "q8_0", "q4_1"], default="f32")
+    p.add_argument("--chat-template", help="tokenizer.chat_template to write")
     args = p.parse_args()
     with open(os.path.join(args.model, "config.json")) as f:
         cfg = json.load(f)
@@ -91,8 +178,7 @@ def main():
     if model_type == "mixtral":
         w.add_expert_count(cfg["num_local_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
+    add_tokenizer(w, args.model, cfg, args.chat_template)
 
     def add(name, values):
         values = np.ascontiguousarray(values, dtype=np.float32)

@@ -139,6 +139,37 @@ def write_model(out, arch, rng, experts=0):
     w.close()
 
 
+def write_tokenizer_seeds(out_dir):
+    """Two files holding only a small tokenizer (text/gguf_tokenizer.h): a byte-level one
+    with merges and a sentencepiece-style one with scores, for the fuzzer to mutate."""
+    w = gguf.GGUFWriter(os.path.join(out_dir, "seed-tokenizer-gpt2"), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(["a", "b", "ab", "\u0120", "\u0120ab", "<|end|>", "<think>"])
+    w.add_token_types([1, 1, 1, 1, 1, 3, 4])
+    w.add_token_merges(["a b", "\u0120 ab"])
+    w.add_eos_token_id(5)
+    w.add_chat_template("{{ messages[0]['content'] }}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    w = gguf.GGUFWriter(os.path.join(out_dir, "seed-tokenizer-llama"), "llama")
+    w.add_tokenizer_model("llama")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [
+        "\u2581", "a", "b", "ab", "\u2581ab"]
+    w.add_token_list(tokens)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * 5)
+    w.add_token_scores([0.0] * 259 + [-1.0, -2.0, -3.0, -4.0, -5.0])
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
@@ -153,6 +184,7 @@ def main():
             image = f.read()
         with open(os.path.join(args.seeds, "seed-types-truncated"), "wb") as f:
             f.write(image[:len(image) // 2])
+        write_tokenizer_seeds(args.seeds)
         return
     write_types(args.out, rng)
     write_model(args.out, "llama", rng)

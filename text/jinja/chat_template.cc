@@ -5,8 +5,11 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/gguf.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "text/jinja/ast.h"
 #include "text/jinja/parser.h"
 #include "text/jinja/renderer.h"
@@ -113,6 +116,23 @@ absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& c
 }
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& model_dir) {
+  // A GGUF file (the path rule of text/gguf_tokenizer.h's IsGgufPath) carries its template
+  // as metadata.
+  if (absl::EndsWith(model_dir, ".gguf")) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(model_dir));
+    const GgufValue* value = file->FindMetadata("tokenizer.chat_template");
+    if (value == nullptr) return nullptr;
+    const std::string* source = value->AsString();
+    const std::string origin = absl::StrCat(model_dir, ": tokenizer.chat_template");
+    if (source == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(origin, " must be a string, not a ", GgufValueTypeName(value->type())));
+    }
+    if (FindInvalidUtf8(*source) != std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, " is not valid UTF-8"));
+    }
+    return ParseNamed(*source, origin);
+  }
   const std::filesystem::path dir(model_dir);
   std::error_code ec;
   const std::filesystem::path jinja_file = dir / "chat_template.jinja";

@@ -67,8 +67,10 @@ class ChatTemplate {
 
 // The model's chat template: <model_dir>/chat_template.jinja when present (transformers
 // prefers it), else tokenizer_config.json's "chat_template" (a string, or the "default"
-// entry of a list of {"name", "template"}). nullptr (OK) when the model has none; a parse
-// error, an unreadable file or a list without "default" is an error.
+// entry of a list of {"name", "template"}). A `model_dir` ending in ".gguf" is a GGUF
+// file: its `tokenizer.chat_template` metadata (named templates,
+// tokenizer.chat_template.<name>, are not used). nullptr (OK) when the model has none; a
+// parse error, an unreadable file or a list without "default" is an error.
 absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& model_dir);
 
 }  // namespace conveyor::jinja
