@@ -322,7 +322,7 @@ TEST(WorkerCpuStorageFlagsTest, UnknownValuesStopTheWorkerAndSayWhatIsAccepted) 
   };
   const Case cases[] = {
       {"--cpu_kv_dtype=fp8", "--cpu_kv_dtype must be auto, f32 or bf16, got \"fp8\""},
-      {"--cpu_weight_dtype=fp4", "--cpu_weight_dtype must be auto, f32, bf16 or int8"},
+      {"--cpu_weight_dtype=fp4", "--cpu_weight_dtype must be auto, f32, bf16, int8 or gguf"},
       {"--cpu_kv_dtype=bf16", std::nullopt},
       {"--cpu_kv_dtype=f32", std::nullopt},
   };
