@@ -19,6 +19,8 @@ struct Feature {
 constexpr Feature kAvx512Bf16 = {7, 1, 'a', 5, "avx512_bf16"};
 constexpr Feature kAvx512Vl = {7, 0, 'b', 31, "avx512vl"};
 constexpr Feature kAvx512Vnni = {7, 0, 'c', 11, "avx512_vnni"};
+// Read from CPUID: clang 14's __builtin_cpu_supports does not know "f16c".
+constexpr Feature kF16c = {1, 0, 'c', 29, "f16c"};
 constexpr Feature kFeatures[] = {
     {7, 0, 'b', 5, "avx2"},
     {1, 0, 'c', 12, "fma"},
@@ -150,7 +152,7 @@ std::string CpuIsaEnvironmentError() {
 
 bool CpuHasAvx512Vnni() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          Has(kAvx512Vl) && Has(kAvx512Vnni) && __builtin_cpu_supports("f16c");
+                          Has(kAvx512Vl) && Has(kAvx512Vnni) && Has(kF16c);
   return has;
 }
 
