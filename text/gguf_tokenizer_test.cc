@@ -204,9 +204,7 @@ class GgufMetadata {
     GgufMetadata m;
     m.Set("tokenizer.ggml.model", kString, Str("llama"));
     m.Set("tokenizer.ggml.tokens", kArray,
-          StringArray({"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "ab",
-                       "\xE2\x96\x81"
-                       "ab"}));
+          StringArray({"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "ab", "\u2581ab"}));
     m.Set("tokenizer.ggml.token_type", kArray, I32Array({2, 3, 3, 1, 1, 1, 1, 1}));
     m.Set("tokenizer.ggml.scores", kArray, F32Array({0, 0, 0, -1, -2, -3, -4, -5}));
     m.Set("tokenizer.ggml.bos_token_id", kI32, Le<int32_t>(1));
