@@ -1,8 +1,10 @@
 #include "tests/support/test_support.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -66,6 +68,40 @@ std::unique_ptr<LocalWorker> LocalWorker::Create(const std::string& model_dir, i
                                                    worker::StepRunner::Options{});
   w->engine->set_logits_tap(&w->logits);
   return w;
+}
+
+std::vector<float> PrefillLogits(LocalWorker& w, const std::vector<int32_t>& tokens, int first) {
+  const int vocab = w.model->config().vocab_size;
+  const int n = static_cast<int>(tokens.size());
+  const int block_size = w.cache->block_size();
+  model::ForwardBatch batch;
+  batch.token_ids = tokens;
+  batch.token_seq.assign(n, 0);
+  batch.token_pos.resize(n);
+  std::iota(batch.token_pos.begin(), batch.token_pos.end(), first);
+  batch.slot_mapping = batch.token_pos;
+  batch.num_seqs = 1;
+  batch.max_blocks_per_seq = (first + n + block_size - 1) / block_size;
+  batch.block_tables.resize(batch.max_blocks_per_seq);
+  std::iota(batch.block_tables.begin(), batch.block_tables.end(), 0);
+  batch.logit_rows.resize(n);
+  std::iota(batch.logit_rows.begin(), batch.logit_rows.end(), 0);
+  std::vector<float> logits(static_cast<size_t>(n) * vocab);
+  const absl::Status status = w.model->Forward(batch, *w.cache, logits.data());
+  EXPECT_TRUE(status.ok()) << status;
+  return logits;
+}
+
+std::vector<int32_t> GreedyByPrefill(LocalWorker& w, std::vector<int32_t> prompt, int count) {
+  const int vocab = w.model->config().vocab_size;
+  std::vector<int32_t> out;
+  for (int i = 0; i < count; ++i) {
+    const std::vector<float> logits = PrefillLogits(w, prompt);
+    const float* last = logits.data() + (prompt.size() - 1) * static_cast<size_t>(vocab);
+    out.push_back(static_cast<int32_t>(std::max_element(last, last + vocab) - last));
+    prompt.push_back(out.back());
+  }
+  return out;
 }
 
 double RelativeError(const float* a, const float* b, size_t n) {

@@ -46,6 +46,15 @@ struct LocalWorker {
       kernels::CpuKvDtype kv = kernels::CpuKvDtype::kF32, bool keep_quantized = false);
 };
 
+// The logits of positions [first, first + tokens.size()) of sequence 0 (blocks 0, 1, ...
+// of w's cache, positions before `first` already computed), all in one forward pass:
+// [tokens.size(), vocab]. Fails the test (EXPECT) when the pass fails.
+std::vector<float> PrefillLogits(LocalWorker& w, const std::vector<int32_t>& tokens, int first = 0);
+
+// `count` greedy tokens after `prompt`, each step a prefill of the whole sequence (for
+// tiny models: no engine, no sampler, the argmax with ties to the lower id).
+std::vector<int32_t> GreedyByPrefill(LocalWorker& w, std::vector<int32_t> prompt, int count);
+
 // ‖a − b‖ / ‖b‖.
 double RelativeError(const float* a, const float* b, size_t n);
 

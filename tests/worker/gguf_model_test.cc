@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -61,42 +60,6 @@ std::string WriteGguf(const TestTempDir& dir, const std::string& variant, const 
   return out;
 }
 
-// The logits at every position of `tokens`, run as one prefill: [n, vocab].
-std::vector<float> Logits(LocalWorker& w, const std::vector<int32_t>& tokens) {
-  const int vocab = w.model->config().vocab_size;
-  const int n = static_cast<int>(tokens.size());
-  model::ForwardBatch batch;
-  batch.token_ids = tokens;
-  batch.token_seq.assign(n, 0);
-  batch.token_pos.resize(n);
-  std::iota(batch.token_pos.begin(), batch.token_pos.end(), 0);
-  batch.slot_mapping = batch.token_pos;
-  batch.num_seqs = 1;
-  batch.max_blocks_per_seq = (n + kBlockSize - 1) / kBlockSize;
-  batch.block_tables.resize(batch.max_blocks_per_seq);
-  std::iota(batch.block_tables.begin(), batch.block_tables.end(), 0);
-  batch.logit_rows = batch.token_pos;
-  std::vector<float> logits(static_cast<size_t>(n) * vocab);
-  const absl::Status status = w.model->Forward(batch, *w.cache, logits.data());
-  EXPECT_TRUE(status.ok()) << status;
-  return logits;
-}
-
-// kGreedyTokens greedy tokens after `prompt` (each step a prefill of the whole sequence:
-// the models are tiny).
-std::vector<int32_t> Greedy(LocalWorker& w, std::vector<int32_t> tokens) {
-  const int vocab = w.model->config().vocab_size;
-  std::vector<int32_t> out;
-  for (int i = 0; i < kGreedyTokens; ++i) {
-    const std::vector<float> logits = Logits(w, tokens);
-    const float* last = logits.data() + (tokens.size() - 1) * static_cast<size_t>(vocab);
-    const int32_t next = static_cast<int32_t>(std::max_element(last, last + vocab) - last);
-    out.push_back(next);
-    tokens.push_back(next);
-  }
-  return out;
-}
-
 class GgufModelTest : public ::testing::TestWithParam<std::string> {};
 
 // Llama with MHA, tied embeddings, linear RoPE scaling, bf16 shards; Mixtral (GQA: K
@@ -130,13 +93,13 @@ TEST_P(GgufModelTest, F32GivesTheSafetensorsLogitsAndQ8_0ComesClose) {
   int greedy_same = 0, greedy_total = 0, argmax_same = 0, argmax_total = 0;
   const int vocab = hf->model->config().vocab_size;
   for (const std::vector<int32_t>& prompt : ref.prompts) {
-    const std::vector<float> want = Logits(*hf, prompt);
-    const std::vector<float> got = Logits(*gguf_f32, prompt);
+    const std::vector<float> want = PrefillLogits(*hf, prompt);
+    const std::vector<float> got = PrefillLogits(*gguf_f32, prompt);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_EQ(got[i], want[i]) << variant << " F32 logit " << i;
     }
-    const std::vector<float> q8_logits = Logits(*gguf_q8, prompt);
+    const std::vector<float> q8_logits = PrefillLogits(*gguf_q8, prompt);
     for (size_t t = 0; t < prompt.size(); ++t) {
       const float* a = q8_logits.data() + t * vocab;
       const float* b = want.data() + t * vocab;
@@ -144,9 +107,9 @@ TEST_P(GgufModelTest, F32GivesTheSafetensorsLogitsAndQ8_0ComesClose) {
       argmax_same += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b;
       ++argmax_total;
     }
-    const std::vector<int32_t> greedy = Greedy(*hf, prompt);
-    EXPECT_EQ(Greedy(*gguf_f32, prompt), greedy) << variant;
-    const std::vector<int32_t> q8_greedy = Greedy(*gguf_q8, prompt);
+    const std::vector<int32_t> greedy = GreedyByPrefill(*hf, prompt, kGreedyTokens);
+    EXPECT_EQ(GreedyByPrefill(*gguf_f32, prompt, kGreedyTokens), greedy) << variant;
+    const std::vector<int32_t> q8_greedy = GreedyByPrefill(*gguf_q8, prompt, kGreedyTokens);
     // Tokens agreeing before the first difference (after it the contexts differ).
     const auto first_diff = std::mismatch(greedy.begin(), greedy.end(), q8_greedy.begin());
     greedy_same += static_cast<int>(first_diff.first - greedy.begin());

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -48,41 +47,6 @@ std::string WriteQuantGguf(const TestTempDir& dir, const std::string& type) {
   if (std::system(command.c_str()) != 0) {
     ADD_FAILURE() << command << " failed";
     return "";
-  }
-  return out;
-}
-
-// Logits of positions [first, first + tokens.size()) of sequence 0, whose earlier
-// positions are already in the cache: [n, vocab].
-std::vector<float> Logits(LocalWorker& w, const std::vector<int32_t>& tokens, int first = 0) {
-  const int vocab = w.model->config().vocab_size;
-  const int n = static_cast<int>(tokens.size());
-  model::ForwardBatch batch;
-  batch.token_ids = tokens;
-  batch.token_seq.assign(n, 0);
-  batch.token_pos.resize(n);
-  std::iota(batch.token_pos.begin(), batch.token_pos.end(), first);
-  batch.slot_mapping = batch.token_pos;
-  batch.num_seqs = 1;
-  batch.max_blocks_per_seq = (first + n + kBlockSize - 1) / kBlockSize;
-  batch.block_tables.resize(batch.max_blocks_per_seq);
-  std::iota(batch.block_tables.begin(), batch.block_tables.end(), 0);
-  batch.logit_rows.resize(n);
-  std::iota(batch.logit_rows.begin(), batch.logit_rows.end(), 0);
-  std::vector<float> logits(static_cast<size_t>(n) * vocab);
-  const absl::Status status = w.model->Forward(batch, *w.cache, logits.data());
-  EXPECT_TRUE(status.ok()) << status;
-  return logits;
-}
-
-std::vector<int32_t> Greedy(LocalWorker& w, std::vector<int32_t> tokens) {
-  const int vocab = w.model->config().vocab_size;
-  std::vector<int32_t> out;
-  for (int i = 0; i < kGreedyTokens; ++i) {
-    const std::vector<float> logits = Logits(w, tokens);
-    const float* last = logits.data() + (tokens.size() - 1) * static_cast<size_t>(vocab);
-    out.push_back(static_cast<int32_t>(std::max_element(last, last + vocab) - last));
-    tokens.push_back(out.back());
   }
   return out;
 }
@@ -137,8 +101,8 @@ TEST_P(GgufQuantModelTest, ComesCloseToTheDequantizedModelAndKeepsItsBlocks) {
   int argmax_same = 0, argmax_total = 0, greedy_same = 0, greedy_total = 0;
   for (int seed : {1, 2, 3}) {
     const std::vector<int32_t> prompt = RandomPrompt(vocab, seed);
-    const std::vector<float> q = Logits(*quantized, prompt);
-    const std::vector<float> f = Logits(*dequantized, prompt);
+    const std::vector<float> q = PrefillLogits(*quantized, prompt);
+    const std::vector<float> f = PrefillLogits(*dequantized, prompt);
     for (int t = 0; t < kPromptTokens; ++t) {
       const float* a = q.data() + static_cast<size_t>(t) * vocab;
       const float* b = f.data() + static_cast<size_t>(t) * vocab;
@@ -146,8 +110,8 @@ TEST_P(GgufQuantModelTest, ComesCloseToTheDequantizedModelAndKeepsItsBlocks) {
       argmax_same += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b;
       ++argmax_total;
     }
-    const std::vector<int32_t> want = Greedy(*dequantized, prompt);
-    const std::vector<int32_t> got = Greedy(*quantized, prompt);
+    const std::vector<int32_t> want = GreedyByPrefill(*dequantized, prompt, kGreedyTokens);
+    const std::vector<int32_t> got = GreedyByPrefill(*quantized, prompt, kGreedyTokens);
     greedy_same +=
         static_cast<int>(std::mismatch(want.begin(), want.end(), got.begin()).first - want.begin());
     greedy_total += kGreedyTokens;
@@ -176,9 +140,9 @@ TEST_P(GgufQuantModelTest, LogitsAreTheSameBitsWhateverTheBatch) {
   ASSERT_TRUE(two && one);
   const int vocab = two->model->config().vocab_size;
   const std::vector<int32_t> prompt = RandomPrompt(vocab, 5);
-  const std::vector<float> batched = Logits(*two, prompt);
+  const std::vector<float> batched = PrefillLogits(*two, prompt);
   for (int t = 0; t < kPromptTokens; ++t) {
-    const std::vector<float> alone = Logits(*one, {prompt[t]}, t);
+    const std::vector<float> alone = PrefillLogits(*one, {prompt[t]}, t);
     ASSERT_EQ(std::memcmp(alone.data(), batched.data() + static_cast<size_t>(t) * vocab,
                           vocab * sizeof(float)),
               0)
