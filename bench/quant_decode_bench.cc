@@ -129,6 +129,9 @@ void GemmComparison(int n, int k, kernels::ThreadPool* pool) {
     }
   }
   const kernels::QuantizedRows part{kernels::QuantBlockType::kQ8_0, n, q8.data()};
+  void* packed_memory = std::aligned_alloc(64, kernels::QuantizedPackBytes({&part, 1}, k));
+  const std::vector<kernels::QuantizedRows> packed =
+      kernels::PackQuantized({&part, 1}, k, packed_memory);
   std::printf("\nGEMM alone, [%d x %d] weight, %d threads: ms per call (median of 15)\n", n, k,
               pool->num_threads());
   std::printf("  %5s %22s %22s %8s\n", "m", "int8 (widen + FMA)", "Q8_0 (int8 dot, VNNI)", "ratio");
@@ -147,13 +150,13 @@ void GemmComparison(int n, int k, kernels::ThreadPool* pool) {
     };
     const double a =
         time([&] { kernels::GemmPackedAs(x.data(), k, m, int8, nullptr, y.data(), n, pool); });
-    const double b = time([&] {
-      kernels::GemmQuantized(x.data(), k, m, k, {&part, 1}, nullptr, y.data(), n, pool);
-    });
+    const double b = time(
+        [&] { kernels::GemmQuantized(x.data(), k, m, k, packed, nullptr, y.data(), n, pool); });
     std::printf("  %5d %22.3f %22.3f %8.2f\n", m, a, b, a / b);
   }
   std::free(int8.panels);
   std::free(int8.scales);
+  std::free(packed_memory);
 }
 
 int Main(int argc, char** argv) {

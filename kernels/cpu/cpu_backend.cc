@@ -202,7 +202,6 @@ class CpuBackend final : public Backend {
       return absl::UnimplementedError(
           absl::StrCat(name(), " dequantizes GGUF blocks (--cpu_weight_dtype is not auto)"));
     }
-    size_t bytes = 0;
     int out = 0;
     for (const QuantizedRows& p : parts) {
       if (in <= 0 || in % QuantBlockElements(p.type) != 0 || p.rows < 0) {
@@ -210,10 +209,14 @@ class CpuBackend final : public Backend {
                                                        " inputs are not whole ",
                                                        QuantBlockTypeName(p.type), " blocks"));
       }
-      bytes += QuantRowBytes(p.type, in) * p.rows;
       out += p.rows;
     }
     if (out == 0) return absl::InvalidArgumentError("PackLinearQuantized: no rows");
+    std::vector<QuantizedRows> nonempty;
+    for (const QuantizedRows& p : parts) {
+      if (p.rows > 0) nonempty.push_back(p);
+    }
+    const size_t bytes = QuantizedPackBytes(nonempty, in);
     const bool in_arena = bytes < (size_t{2} << 20);
     void* blocks = in_arena ? arena_.Allocate(bytes) : AlignedBytes(bytes);
     float* bias_copy = bias != nullptr ? AlignedFloats(out) : nullptr;
@@ -223,15 +226,8 @@ class CpuBackend final : public Backend {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate a ", out, "x", in, " quantized weight"));
     }
-    std::vector<QuantizedRows> copied;
-    size_t at = 0;
-    for (const QuantizedRows& p : parts) {
-      const size_t part_bytes = QuantRowBytes(p.type, in) * p.rows;
-      if (p.rows == 0) continue;
-      std::memcpy(static_cast<char*>(blocks) + at, p.blocks, part_bytes);
-      copied.push_back({p.type, p.rows, static_cast<char*>(blocks) + at});
-      at += part_bytes;
-    }
+    // The blocks as this level's kernels read them (AVX-512 VNNI: repacked into panels).
+    std::vector<QuantizedRows> copied = PackQuantized(nonempty, in, blocks);
     if (bias != nullptr) std::memcpy(bias_copy, bias, out * sizeof(float));
     return std::make_unique<CpuLinearWeight>(std::move(copied), in, blocks, bytes, bias_copy,
                                              in_arena);

@@ -40,7 +40,7 @@ float HalfBitsToFloat(uint16_t h) {
 }
 
 void QuantizeActivations(const float* x, int ldx, int m, int k, int block, int8_t* q, float* d,
-                         int16_t* bsum16) {
+                         int16_t* bsum16, int16_t* bsum32) {
   const int blocks = k / block;
   for (int r = 0; r < m; ++r) {
     const float* row = x + static_cast<size_t>(r) * ldx;
@@ -59,6 +59,10 @@ void QuantizeActivations(const float* x, int ldx, int m, int k, int block, int8_
       int sum = 0;
       for (int i = 0; i < 16; ++i) sum += qr[g * 16 + i];
       bsum16[static_cast<size_t>(r) * (k / 16) + g] = static_cast<int16_t>(sum);
+    }
+    for (int g = 0; g < k / 32; ++g) {
+      const int16_t* pair = bsum16 + static_cast<size_t>(r) * (k / 16) + 2 * g;
+      bsum32[static_cast<size_t>(r) * (k / 32) + g] = static_cast<int16_t>(pair[0] + pair[1]);
     }
   }
 }
@@ -142,6 +146,79 @@ void UnpackK(QuantBlockType type, const uint8_t* b, KBlock* out) {
 
 }  // namespace
 
+void PackPanels(const QuantizedRows& part, int k, uint8_t* dst) {
+  const QuantBlockType type = part.type;
+  const int blocks = k / QuantBlockElements(type);
+  const int block_bytes = QuantBlockBytes(type);
+  const int q_bytes = PanelQBytes(type);
+  const int meta_bytes = PanelMetaBytes(type);
+  const size_t panel_bytes = PanelBytes(type, k);
+  const size_t row_bytes = QuantRowBytes(type, k);
+  const int panels = (part.rows + kQuantPanelRows - 1) / kQuantPanelRows;
+  std::memset(dst, 0, panels * panel_bytes);
+  const auto* src = static_cast<const uint8_t*>(part.blocks);
+  KBlock kb;
+  for (int row = 0; row < part.rows; ++row) {
+    const int r = row % kQuantPanelRows;
+    uint8_t* panel = dst + static_cast<size_t>(row / kQuantPanelRows) * panel_bytes;
+    for (int b = 0; b < blocks; ++b) {
+      const uint8_t* blk = src + row * row_bytes + static_cast<size_t>(b) * block_bytes;
+      uint8_t* q = panel + static_cast<size_t>(b) * q_bytes;
+      uint8_t* meta =
+          panel + static_cast<size_t>(blocks) * q_bytes + static_cast<size_t>(b) * meta_bytes;
+      // Byte i (< 4) of row r in 64-byte chunk c.
+      auto at = [&](int c, int i) -> uint8_t& { return q[64 * c + 4 * r + i]; };
+      switch (type) {
+        case QuantBlockType::kQ8_0:
+          for (int i = 0; i < 32; ++i) at(i / 4, i % 4) = blk[2 + i];
+          std::memcpy(meta + 2 * r, blk, 2);
+          break;
+        case QuantBlockType::kQ4_0: {
+          uint8_t v[32];
+          for (int i = 0; i < 16; ++i) {
+            v[i] = blk[2 + i] & 0x0f;
+            v[i + 16] = blk[2 + i] >> 4;
+          }
+          for (int c = 0; c < 4; ++c) {
+            for (int i = 0; i < 4; ++i) {
+              at(c, i) = static_cast<uint8_t>(v[8 * c + i] | v[8 * c + 4 + i] << 4);
+            }
+          }
+          std::memcpy(meta + 2 * r, blk, 2);
+          break;
+        }
+        case QuantBlockType::kQ4_K:
+        case QuantBlockType::kQ5_K:
+        case QuantBlockType::kQ6_K:
+          UnpackK(type, blk, &kb);
+          if (type == QuantBlockType::kQ4_K) {
+            for (int c = 0; c < 32; ++c) {
+              for (int i = 0; i < 4; ++i) {
+                at(c, i) = static_cast<uint8_t>(kb.q[8 * c + i] | kb.q[8 * c + 4 + i] << 4);
+              }
+            }
+          } else {
+            for (int c = 0; c < 64; ++c) {
+              for (int i = 0; i < 4; ++i) at(c, i) = kb.q[4 * c + i];
+            }
+          }
+          if (type == QuantBlockType::kQ6_K) {
+            for (int i = 0; i < 16; ++i) meta[16 * i + r] = static_cast<uint8_t>(kb.sc[i]);
+            std::memcpy(meta + 256 + 2 * r, blk + 208, 2);
+          } else {
+            for (int j = 0; j < 8; ++j) {
+              meta[16 * j + r] = static_cast<uint8_t>(kb.sc[2 * j]);
+              meta[128 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(kb.mn[2 * j]);
+            }
+            std::memcpy(meta + 256 + 2 * r, blk, 2);
+            std::memcpy(meta + 288 + 2 * r, blk + 2, 2);
+          }
+          break;
+      }
+    }
+  }
+}
+
 void QuantTilePortable(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
                        const uint8_t* w, size_t row_bytes, int outputs, const float* bias, float* y,
                        int ldy) {
@@ -195,64 +272,86 @@ void QuantTilePortable(QuantBlockType type, const QuantizedActivations& a, int r
   }
 }
 
-}  // namespace internal
+QuantLevel ActiveQuantLevel() {
+  static const QuantLevel level = [] {
+    const CpuIsa isa = ActiveCpuIsa();
+    if (isa >= CpuIsa::kAvx512 && CpuHasAvx512Vnni()) return QuantLevel::kAvx512Vnni;
+    if (isa >= CpuIsa::kAvx2) return QuantLevel::kAvx2;
+    return QuantLevel::kPortable;
+  }();
+  return level;
+}
 
 namespace {
 
-using internal::QuantTileKernel;
-
-struct QuantKernelChoice {
-  QuantTileKernel kernel;
-  const char* name;
-};
-
-const QuantKernelChoice& ActiveQuantKernel() {
-  static const QuantKernelChoice choice = [] {
-    const CpuIsa isa = ActiveCpuIsa();
-    if (isa >= CpuIsa::kAvx512 && CpuHasAvx512Vnni()) {
-      return QuantKernelChoice{internal::QuantTileAvx512Vnni, "avx512_vnni"};
-    }
-    if (isa >= CpuIsa::kAvx2) return QuantKernelChoice{internal::QuantTileAvx2, "avx2"};
-    return QuantKernelChoice{internal::QuantTilePortable, "portable"};
-  }();
-  return choice;
-}
-
 bool IsKType(QuantBlockType type) { return QuantBlockElements(type) == 256; }
+
+// Bytes one part takes at `level`.
+size_t PartBytes(QuantLevel level, const QuantizedRows& p, int k) {
+  if (level == QuantLevel::kAvx512Vnni) {
+    return static_cast<size_t>((p.rows + kQuantPanelRows - 1) / kQuantPanelRows) *
+           PanelBytes(p.type, k);
+  }
+  return (QuantRowBytes(p.type, k) * p.rows + 63) / 64 * 64;
+}
 
 // One thread's activations, per block size, kept between calls.
 struct ActivationBuffers {
   std::vector<int8_t> q;
   std::vector<float> d;
-  std::vector<int16_t> bsum16;
-  internal::QuantizedActivations Quantize(const float* x, int ldx, int m, int k, int block) {
+  std::vector<int16_t> bsum16, bsum32;
+  QuantizedActivations Quantize(const float* x, int ldx, int m, int k, int block) {
     q.resize(static_cast<size_t>(m) * k);
     d.resize(static_cast<size_t>(m) * (k / block));
     bsum16.resize(static_cast<size_t>(m) * (k / 16));
-    internal::QuantizeActivations(x, ldx, m, k, block, q.data(), d.data(), bsum16.data());
-    return {q.data(), d.data(), bsum16.data(), k, block};
+    bsum32.resize(static_cast<size_t>(m) * (k / 32));
+    QuantizeActivations(x, ldx, m, k, block, q.data(), d.data(), bsum16.data(), bsum32.data());
+    return {q.data(), d.data(), bsum16.data(), bsum32.data(), k, block};
   }
 };
 
 }  // namespace
 
-const char* QuantGemmKernelName() { return ActiveQuantKernel().name; }
+size_t QuantizedPackBytesAt(QuantLevel level, std::span<const QuantizedRows> parts, int k) {
+  size_t bytes = 0;
+  for (const QuantizedRows& p : parts) bytes += PartBytes(level, p, k);
+  return bytes;
+}
 
-void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const QuantizedRows> parts,
-                   const float* bias, float* y, int ldy, ThreadPool* pool) {
+std::vector<QuantizedRows> PackQuantizedAt(QuantLevel level, std::span<const QuantizedRows> parts,
+                                           int k, void* dst) {
+  std::vector<QuantizedRows> packed;
+  auto* at = static_cast<uint8_t*>(dst);
+  for (const QuantizedRows& p : parts) {
+    if (level == QuantLevel::kAvx512Vnni) {
+      PackPanels(p, k, at);
+    } else {
+      std::memcpy(at, p.blocks, QuantRowBytes(p.type, k) * p.rows);
+    }
+    packed.push_back({p.type, p.rows, at});
+    at += PartBytes(level, p, k);
+  }
+  return packed;
+}
+
+void GemmQuantizedAt(QuantLevel level, const float* x, int ldx, int m, int k,
+                     std::span<const QuantizedRows> packed, const float* bias, float* y, int ldy,
+                     ThreadPool* pool) {
   if (m <= 0) return;
-  const QuantTileKernel kernel = ActiveQuantKernel().kernel;
   // X quantized once per call, in 32- and/or 256-blocks as the parts need (the pool's
   // threads only read it).
   thread_local ActivationBuffers small, large;
   bool need_small = false, need_large = false;
-  for (const QuantizedRows& p : parts) (IsKType(p.type) ? need_large : need_small) = true;
-  internal::QuantizedActivations a32, a256;
+  for (const QuantizedRows& p : packed) (IsKType(p.type) ? need_large : need_small) = true;
+  QuantizedActivations a32, a256;
   if (need_small) a32 = small.Quantize(x, ldx, m, k, 32);
   if (need_large) a256 = large.Quantize(x, ldx, m, k, 256);
 
-  // Tiles of kQuantTileOutputs rows of one part; a thread takes a chunk of tiles and runs
-  // every row tile of X over it, so the chunk's weights are read from memory once.
+  // Tiles of W's rows (a panel, or kQuantTileOutputs rows of blocks) within one part; a
+  // thread takes a chunk of tiles and runs every row tile of X over it, so the chunk's
+  // weights are read from memory once.
+  const bool panels = level == QuantLevel::kAvx512Vnni;
+  const int tile_rows = panels ? kQuantPanelRows : kQuantTileOutputs;
   struct Tile {
     const QuantizedRows* part;
     int first_row;  // Within the part.
@@ -261,12 +360,10 @@ void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const Quanti
   std::vector<Tile> tiles;
   size_t weight_bytes = 0;
   int column = 0;
-  for (const QuantizedRows& p : parts) {
-    for (int r = 0; r < p.rows; r += internal::kQuantTileOutputs) {
-      tiles.push_back({&p, r, column + r});
-    }
+  for (const QuantizedRows& p : packed) {
+    for (int r = 0; r < p.rows; r += tile_rows) tiles.push_back({&p, r, column + r});
     column += p.rows;
-    weight_bytes += QuantRowBytes(p.type, k) * p.rows;
+    weight_bytes += PartBytes(level, p, k);
   }
   const int64_t num_tiles = static_cast<int64_t>(tiles.size());
   if (num_tiles == 0) return;
@@ -276,18 +373,28 @@ void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const Quanti
   if (pool != nullptr) {
     grain = std::clamp<int64_t>(num_tiles / (4 * pool->num_threads()), 1, grain);
   }
+  const QuantTileKernel tile_kernel =
+      level == QuantLevel::kAvx2 ? QuantTileAvx2 : QuantTilePortable;
   auto run = [&](int64_t begin, int64_t end) {
-    for (int r = 0; r < m; r += internal::kQuantMaxRows) {
-      const int rows = std::min(internal::kQuantMaxRows, m - r);
+    for (int r = 0; r < m; r += kQuantMaxRows) {
+      const int rows = std::min(kQuantMaxRows, m - r);
       for (int64_t t = begin; t < end; ++t) {
         const Tile& tile = tiles[t];
         const QuantizedRows& p = *tile.part;
-        const size_t row_bytes = QuantRowBytes(p.type, k);
-        kernel(p.type, IsKType(p.type) ? a256 : a32, r, rows,
-               static_cast<const uint8_t*>(p.blocks) + tile.first_row * row_bytes, row_bytes,
-               std::min(internal::kQuantTileOutputs, p.rows - tile.first_row),
-               bias != nullptr ? bias + tile.column : nullptr,
-               y + static_cast<size_t>(r) * ldy + tile.column, ldy);
+        const QuantizedActivations& a = IsKType(p.type) ? a256 : a32;
+        const int outputs = std::min(tile_rows, p.rows - tile.first_row);
+        const float* b = bias != nullptr ? bias + tile.column : nullptr;
+        float* yt = y + static_cast<size_t>(r) * ldy + tile.column;
+        const auto* base = static_cast<const uint8_t*>(p.blocks);
+        if (panels) {
+          QuantPanelAvx512Vnni(p.type, a, r, rows,
+                               base + (tile.first_row / kQuantPanelRows) * PanelBytes(p.type, k),
+                               outputs, b, yt, ldy);
+        } else {
+          const size_t row_bytes = QuantRowBytes(p.type, k);
+          tile_kernel(p.type, a, r, rows, base + tile.first_row * row_bytes, row_bytes, outputs, b,
+                      yt, ldy);
+        }
       }
     }
   };
@@ -296,6 +403,33 @@ void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const Quanti
   } else {
     pool->ParallelFor(num_tiles, grain, run);
   }
+}
+
+}  // namespace internal
+
+const char* QuantGemmKernelName() {
+  switch (internal::ActiveQuantLevel()) {
+    case internal::QuantLevel::kAvx512Vnni:
+      return "avx512_vnni";
+    case internal::QuantLevel::kAvx2:
+      return "avx2";
+    case internal::QuantLevel::kPortable:
+    default:
+      return "portable";
+  }
+}
+
+size_t QuantizedPackBytes(std::span<const QuantizedRows> parts, int k) {
+  return internal::QuantizedPackBytesAt(internal::ActiveQuantLevel(), parts, k);
+}
+
+std::vector<QuantizedRows> PackQuantized(std::span<const QuantizedRows> parts, int k, void* dst) {
+  return internal::PackQuantizedAt(internal::ActiveQuantLevel(), parts, k, dst);
+}
+
+void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const QuantizedRows> packed,
+                   const float* bias, float* y, int ldy, ThreadPool* pool) {
+  internal::GemmQuantizedAt(internal::ActiveQuantLevel(), x, ldx, m, k, packed, bias, y, ldy, pool);
 }
 
 }  // namespace conveyor::kernels

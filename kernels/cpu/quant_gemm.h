@@ -14,13 +14,16 @@
 // over the blocks in ascending k, from zero, then y = acc (+ bias). Every level (the
 // AVX-512 VNNI, AVX2 and portable kernels) computes exactly that, so they give the same
 // bits, and each output is one chain whatever m, the row's place in X or the thread
-// count: batch invariant. docs/cpu-weights.md has the measurements behind the choice of
-// integer dot products over dequantizing into float32 FMAs.
+// count: batch invariant. (The AVX-512 VNNI kernel reads the same values repacked into
+// 16-row panels, so that a vector's lanes are 16 outputs; the arithmetic is unchanged.)
+// docs/cpu-weights.md has the measurements behind the choice of integer dot products over
+// dequantizing into float32 FMAs.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kernels/quant_blocks.h"
 
@@ -28,11 +31,19 @@ namespace conveyor::kernels {
 
 class ThreadPool;
 
+// Bytes PackQuantized writes for `parts` (each rows of k weights).
+size_t QuantizedPackBytes(std::span<const QuantizedRows> parts, int k);
+
+// Copies `parts` (ggml's blocks) to `dst` (64-byte aligned, QuantizedPackBytes long) in
+// the layout this process's kernels read: the blocks as they are (AVX2, portable) or
+// repacked into 16-row panels (AVX-512 VNNI; quant_gemm_kernels.h). Returns the parts as
+// GemmQuantized takes them: the same types and rows, pointing into dst.
+std::vector<QuantizedRows> PackQuantized(std::span<const QuantizedRows> parts, int k, void* dst);
+
 // Y[m, n] (row stride ldy) = X[m, k] (row stride ldx) · Wᵀ (+ bias[n] if not null), where
-// W's rows are `parts` one after another (n = the sum of their rows) and every part's
-// rows are k weights long (k a whole number of each part's blocks). Runs on `pool` (null:
-// the calling thread).
-void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const QuantizedRows> parts,
+// W's rows are `packed` (PackQuantized's result) one after another (n = the sum of their
+// rows). Runs on `pool` (null: the calling thread).
+void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const QuantizedRows> packed,
                    const float* bias, float* y, int ldy, ThreadPool* pool);
 
 // The kernels GemmQuantized runs on this process's level: "avx512_vnni", "avx2" or

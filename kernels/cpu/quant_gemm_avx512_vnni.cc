@@ -1,14 +1,256 @@
-// The AVX-512 VNNI quantized GEMM kernel (quant_gemm_simd.h): vpdpbusd on 256-bit
-// vectors. Compiled with -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw
+// The AVX-512 VNNI quantized GEMM kernel on 16-row panels (quant_gemm_kernels.h has the
+// layout). Compiled with -mavx2 -mfma -mf16c -mavx512f -mavx512vl -mavx512bw
 // -mavx512vnni -ffp-contract=off; called only where CpuHasAvx512Vnni().
-#include "kernels/cpu/quant_gemm_simd.h"
+//
+// The 16 lanes of a vector are 16 outputs (rows of W). One 64-byte load holds 4 or 8
+// consecutive weights of each; vpdpbusd against 4 activation bytes broadcast adds their
+// products into each lane, so a sub-block's integer dot products come out as one vector
+// with no horizontal sum. The integer scales multiply lanes (vpmulld), the mins meet the
+// activation sums in vpdpwssd, and the float32 combination of quant_gemm.h then runs on
+// the 16 outputs as lanes, in the portable kernel's order: the same bits.
+//
+// Up to 4 rows of X share each weight load (more would run out of registers); a call
+// walks its rows 4 at a time, and each row's arithmetic is the same whatever its group.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/quant_gemm_kernels.h"
 
 namespace conveyor::kernels::internal {
+namespace {
 
-void QuantTileAvx512Vnni(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
-                         const uint8_t* w, size_t row_bytes, int outputs, const float* bias,
-                         float* y, int ldy) {
-  QuantTileSimd<true>(type, a, r0, rows, w, row_bytes, outputs, bias, y, ldy);
+// 4 activation bytes, broadcast to every lane.
+inline __m512i Broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// −v (the sign bit flipped: AVX-512F has no float xor).
+inline __m512 Negated(__m512 v, __m512i sign) {
+  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign));
+}
+
+inline __m512i Load64(const uint8_t* p) { return _mm512_loadu_si512(p); }
+
+inline __m512 Halves(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Q8_0 and Q4_0: per 32 weights, acc = fma(float(Σ q_w·q_x [− 8·Σ q_x]), d_w·d_x, acc).
+template <int R>
+void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const uint8_t* panel,
+              __m512 (&acc)[R]) {
+  const int k = a.k;
+  const int blocks = k / 32;
+  const bool q8 = type == QuantBlockType::kQ8_0;
+  const int q_bytes = PanelQBytes(type);
+  const uint8_t* meta = panel + static_cast<size_t>(blocks) * q_bytes;
+  // vpdpbusd multiplies unsigned by signed bytes: Q8_0's int8 weights are read as
+  // q + 128 (the sign bit flipped), Q4_0's nibbles are unsigned already; the offset
+  // (128 or 8 times the activations' sum) comes off the exact integer sum.
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const int offset = q8 ? 128 : 8;
+  const int8_t* x[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) x[r] = a.q + static_cast<size_t>(r0 + r) * k;
+  for (int b = 0; b < blocks; ++b) {
+    const uint8_t* q = panel + static_cast<size_t>(b) * q_bytes;
+    __m512i dot[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+    if (q8) {
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        const __m512i w = _mm512_xor_si512(Load64(q + 64 * c), flip);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          dot[r] = _mm512_dpbusd_epi32(dot[r], w, Broadcast4(x[r] + 32 * b + 4 * c));
+        }
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = Load64(q + 64 * c);
+        const __m512i lo = _mm512_and_si512(v, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          dot[r] = _mm512_dpbusd_epi32(dot[r], lo, Broadcast4(x[r] + 32 * b + 8 * c));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], hi, Broadcast4(x[r] + 32 * b + 8 * c + 4));
+        }
+      }
+    }
+    const __m512 dw = Halves(meta + 32 * b);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>(r0 + r) * blocks + b;
+      const __m512i sum = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(offset * a.bsum32[at]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])),
+                               acc[r]);
+    }
+  }
+}
+
+// Q4_K and Q5_K: per 256 weights, with j over the 8 sub-blocks of 32,
+//   acc = fma(float(Σ_j sc_j·Σ q_w·q_x), d·d_x, acc); acc = fma(float(Σ_j m_j·Σ q_x), −(dmin·d_x),
+//   acc).
+// Q6_K: per 256 weights, i over the 16 sixteens, acc = fma(float(Σ_i sc_i·(Σ q_w·q_x −
+// 32·Σ q_x)), d·d_x, acc). (The portable kernel's sums, regrouped: integers, exact.)
+template <int R>
+void BlocksK(QuantBlockType type, const QuantizedActivations& a, int r0, const uint8_t* panel,
+             __m512 (&acc)[R]) {
+  const int k = a.k;
+  const int blocks = k / 256;
+  const int q_bytes = PanelQBytes(type);
+  const int meta_bytes = PanelMetaBytes(type);
+  const uint8_t* meta = panel + static_cast<size_t>(blocks) * q_bytes;
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const int8_t* x[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) x[r] = a.q + static_cast<size_t>(r0 + r) * k;
+  for (int b = 0; b < blocks; ++b) {
+    const uint8_t* q = panel + static_cast<size_t>(b) * q_bytes;
+    const uint8_t* m = meta + static_cast<size_t>(b) * meta_bytes;
+    __m512i isum[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    if (type == QuantBlockType::kQ6_K) {
+      for (int i = 0; i < 16; ++i) {
+        __m512i t[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const int16_t bsum = a.bsum16[static_cast<size_t>(r0 + r) * (k / 16) + 16 * b + i];
+          t[r] = _mm512_set1_epi32(-32 * bsum);
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 4; ++c) {
+          const __m512i w = Load64(q + 64 * (4 * i + c));
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            t[r] = _mm512_dpbusd_epi32(t[r], w, Broadcast4(x[r] + 256 * b + 16 * i + 4 * c));
+          }
+        }
+        const __m512i sc =
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + 16 * i)));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(t[r], sc));
+      }
+      const __m512 dw = Halves(m + 256);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 dx = _mm512_set1_ps(a.d[static_cast<size_t>(r0 + r) * blocks + b]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, dx), acc[r]);
+      }
+      continue;
+    }
+    const bool four = type == QuantBlockType::kQ4_K;
+    for (int j = 0; j < 8; ++j) {
+      __m512i t[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) t[r] = _mm512_setzero_si512();
+      if (four) {
+#pragma GCC unroll 8
+        for (int c = 0; c < 4; ++c) {
+          const __m512i v = Load64(q + 64 * (4 * j + c));
+          const __m512i lo = _mm512_and_si512(v, low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            const int8_t* xs = x[r] + 256 * b + 32 * j + 8 * c;
+            t[r] = _mm512_dpbusd_epi32(t[r], lo, Broadcast4(xs));
+            t[r] = _mm512_dpbusd_epi32(t[r], hi, Broadcast4(xs + 4));
+          }
+        }
+      } else {
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; ++c) {
+          const __m512i w = Load64(q + 64 * (8 * j + c));
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            t[r] = _mm512_dpbusd_epi32(t[r], w, Broadcast4(x[r] + 256 * b + 32 * j + 4 * c));
+          }
+        }
+      }
+      const __m512i sc =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + 16 * j)));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(t[r], sc));
+    }
+    __m512i msum[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) msum[r] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {
+      const __m512i mins = _mm512_cvtepu8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(m + 128 + 32 * p)));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int16_t* s = a.bsum32 + static_cast<size_t>(r0 + r) * (k / 32) + 8 * b + 2 * p;
+        const uint32_t pair =
+            static_cast<uint16_t>(s[0]) | static_cast<uint32_t>(static_cast<uint16_t>(s[1])) << 16;
+        msum[r] = _mm512_dpwssd_epi32(msum[r], mins, _mm512_set1_epi32(static_cast<int>(pair)));
+      }
+    }
+    const __m512 dw = Halves(m + 256);
+    const __m512 dminw = Halves(m + 288);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx = _mm512_set1_ps(a.d[static_cast<size_t>(r0 + r) * blocks + b]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dw, dx), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum[r]), Negated(_mm512_mul_ps(dminw, dx), sign),
+                               acc[r]);
+    }
+  }
+}
+
+template <int R>
+void Rows(QuantBlockType type, const QuantizedActivations& a, int r0, const uint8_t* panel,
+          int outputs, const float* bias, float* y, int ldy) {
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  if (QuantBlockElements(type) == 32) {
+    Blocks32<R>(type, a, r0, panel, acc);
+  } else {
+    BlocksK<R>(type, a, r0, panel, acc);
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << outputs) - 1);
+  const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 out = bias != nullptr ? _mm512_add_ps(acc[r], b) : acc[r];
+    _mm512_mask_storeu_ps(y + static_cast<size_t>(r) * ldy, mask, out);
+  }
+}
+
+}  // namespace
+
+void QuantPanelAvx512Vnni(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
+                          const uint8_t* panel, int outputs, const float* bias, float* y, int ldy) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    Rows<4>(type, a, r0 + r, panel, outputs, bias, y + static_cast<size_t>(r) * ldy, ldy);
+  }
+  float* yr = y + static_cast<size_t>(r) * ldy;
+  switch (rows - r) {
+    case 3:
+      Rows<3>(type, a, r0 + r, panel, outputs, bias, yr, ldy);
+      break;
+    case 2:
+      Rows<2>(type, a, r0 + r, panel, outputs, bias, yr, ldy);
+      break;
+    case 1:
+      Rows<1>(type, a, r0 + r, panel, outputs, bias, yr, ldy);
+      break;
+    default:
+      break;
+  }
 }
 
 }  // namespace conveyor::kernels::internal

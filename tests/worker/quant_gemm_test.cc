@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,24 @@ bool SameBits(float a, float b) {
   return x == y;
 }
 
+// `parts` packed for `level` (the active one unless given), in 64-byte aligned memory.
+class Packed {
+ public:
+  Packed(std::span<const QuantizedRows> parts, int k,
+         internal::QuantLevel level = internal::ActiveQuantLevel())
+      : memory_(internal::QuantizedPackBytesAt(level, parts, k) + 64),
+        rows_(internal::PackQuantizedAt(level, parts, k, Aligned())) {}
+  std::span<const QuantizedRows> rows() const { return rows_; }
+
+ private:
+  void* Aligned() {
+    const auto at = reinterpret_cast<uintptr_t>(memory_.data());
+    return memory_.data() + ((64 - at % 64) % 64);
+  }
+  std::vector<uint8_t> memory_;
+  std::vector<QuantizedRows> rows_;
+};
+
 class QuantGemmTest : public ::testing::TestWithParam<QuantBlockType> {};
 
 // Two references in float64 on the dequantized weights: with the float activations, the
@@ -118,11 +137,13 @@ TEST_P(QuantGemmTest, AgreesWithFloat64OnTheDequantizedWeights) {
     const std::vector<float> x = RandomActivations(m, k, rng);
     std::vector<int8_t> q(static_cast<size_t>(m) * k);
     std::vector<float> d(static_cast<size_t>(m) * k / block);
-    std::vector<int16_t> bsum(static_cast<size_t>(m) * k / 16);
-    internal::QuantizeActivations(x.data(), k, m, k, block, q.data(), d.data(), bsum.data());
+    std::vector<int16_t> bsum(static_cast<size_t>(m) * k / 16), bsum32(bsum.size() / 2);
+    internal::QuantizeActivations(x.data(), k, m, k, block, q.data(), d.data(), bsum.data(),
+                                  bsum32.data());
     std::vector<float> y(static_cast<size_t>(m) * n);
     const QuantizedRows part{type, n, blocks.data()};
-    GemmQuantized(x.data(), k, m, k, {&part, 1}, bias.data(), y.data(), n, &pool);
+    const Packed packed({&part, 1}, k);
+    GemmQuantized(x.data(), k, m, k, packed.rows(), bias.data(), y.data(), n, &pool);
     double err = 0, err_q = 0, norm = 0;
     for (int r = 0; r < m; ++r) {
       for (int j = 0; j < n; ++j) {
@@ -159,15 +180,16 @@ TEST_P(QuantGemmTest, RowResultIndependentOfBatchPositionThreadsAndParts) {
   const size_t row_bytes = QuantRowBytes(type, k);
   const QuantizedRows split[] = {{type, 21, blocks.data()},
                                  {type, 40, blocks.data() + 21 * row_bytes}};
+  const Packed packed_whole({&whole, 1}, k), packed_split(split, k);
   ThreadPool pool2(2), pool3(3);
   std::vector<float> all(static_cast<size_t>(m) * n);
-  GemmQuantized(x.data(), k, m, k, {&whole, 1}, nullptr, all.data(), n, &pool3);
+  GemmQuantized(x.data(), k, m, k, packed_whole.rows(), nullptr, all.data(), n, &pool3);
   std::vector<float> parts(all.size());
-  GemmQuantized(x.data(), k, m, k, split, nullptr, parts.data(), n, &pool2);
+  GemmQuantized(x.data(), k, m, k, packed_split.rows(), nullptr, parts.data(), n, &pool2);
   for (int r : {0, 7, 16, 36}) {
     std::vector<float> one(n);
-    GemmQuantized(x.data() + static_cast<size_t>(r) * k, k, 1, k, {&whole, 1}, nullptr, one.data(),
-                  n, nullptr);
+    GemmQuantized(x.data() + static_cast<size_t>(r) * k, k, 1, k, packed_whole.rows(), nullptr,
+                  one.data(), n, nullptr);
     for (int j = 0; j < n; ++j) {
       ASSERT_TRUE(SameBits(one[j], all[static_cast<size_t>(r) * n + j]))
           << QuantBlockTypeName(type) << " row " << r << " col " << j;
@@ -177,43 +199,40 @@ TEST_P(QuantGemmTest, RowResultIndependentOfBatchPositionThreadsAndParts) {
   }
 }
 
-// The AVX2 and AVX-512 VNNI kernels give the portable kernel's bits, for every number of
-// rows and outputs a call can have.
+// The AVX2 kernel on the blocks and the AVX-512 VNNI kernel on 16-row panels give the
+// portable kernel's bits, for row counts that cover every remainder of their row groups
+// (4 and 16) and output counts that cover partial tiles and panels, and with a bias.
 TEST_P(QuantGemmTest, EveryInstructionPathGivesThePortableBits) {
   const QuantBlockType type = GetParam();
   std::mt19937 rng(13);
-  const int k = 1024, n = 8, m = internal::kQuantMaxRows;
+  const int k = 1024, n = 53, m = 37;
   const std::vector<uint8_t> blocks = RandomBlocks(type, n, k, rng);
   const std::vector<float> x = RandomActivations(m, k, rng);
-  const int block = QuantBlockElements(type);
-  std::vector<int8_t> q(static_cast<size_t>(m) * k);
-  std::vector<float> d(static_cast<size_t>(m) * k / block);
-  std::vector<int16_t> bsum(static_cast<size_t>(m) * k / 16);
-  internal::QuantizeActivations(x.data(), k, m, k, block, q.data(), d.data(), bsum.data());
-  const internal::QuantizedActivations a{q.data(), d.data(), bsum.data(), k, block};
-  std::vector<float> bias(n, 0.25f);
-  std::vector<std::pair<std::string, internal::QuantTileKernel>> kernels;
-  if (DetectedCpuIsa() >= CpuIsa::kAvx2) kernels.emplace_back("avx2", internal::QuantTileAvx2);
-  if (CpuHasAvx512Vnni()) kernels.emplace_back("avx512_vnni", internal::QuantTileAvx512Vnni);
-  if (kernels.empty()) GTEST_SKIP() << "CPU has no AVX2";
-  const size_t row_bytes = QuantRowBytes(type, k);
-  for (int rows : {1, 2, 5, 16}) {
-    for (int outputs : {1, 3, 8}) {
-      for (int r0 : {0, m - rows}) {
-        std::vector<float> want(static_cast<size_t>(rows) * n), got(want.size());
-        internal::QuantTilePortable(type, a, r0, rows, blocks.data(), row_bytes, outputs,
-                                    bias.data(), want.data(), n);
-        for (const auto& [name, kernel] : kernels) {
-          std::fill(got.begin(), got.end(), 0.0f);
-          kernel(type, a, r0, rows, blocks.data(), row_bytes, outputs, bias.data(), got.data(), n);
-          for (int r = 0; r < rows; ++r) {
-            for (int o = 0; o < outputs; ++o) {
-              const size_t at = static_cast<size_t>(r) * n + o;
-              ASSERT_TRUE(SameBits(want[at], got[at]))
-                  << name << " " << QuantBlockTypeName(type) << " rows " << rows << " output " << o
-                  << ": " << got[at] << " vs portable " << want[at];
-            }
-          }
+  std::vector<float> bias(n);
+  for (float& b : bias) b = static_cast<float>(rng() % 100) / 50.0f - 1.0f;
+  std::vector<std::pair<std::string, internal::QuantLevel>> levels;
+  if (DetectedCpuIsa() >= CpuIsa::kAvx2) levels.emplace_back("avx2", internal::QuantLevel::kAvx2);
+  if (DetectedCpuIsa() >= CpuIsa::kAvx512 && CpuHasAvx512Vnni()) {
+    levels.emplace_back("avx512_vnni", internal::QuantLevel::kAvx512Vnni);
+  }
+  if (levels.empty()) GTEST_SKIP() << "CPU has no AVX2";
+  ThreadPool pool(2);
+  for (int outputs : {1, 3, 16, 17, n}) {
+    const QuantizedRows part{type, outputs, blocks.data()};
+    const Packed portable({&part, 1}, k, internal::QuantLevel::kPortable);
+    for (int rows : {1, 2, 3, 4, 5, 16, 19, m}) {
+      std::vector<float> want(static_cast<size_t>(rows) * outputs), got(want.size());
+      internal::GemmQuantizedAt(internal::QuantLevel::kPortable, x.data(), k, rows, k,
+                                portable.rows(), bias.data(), want.data(), outputs, &pool);
+      for (const auto& [name, level] : levels) {
+        const Packed packed({&part, 1}, k, level);
+        std::fill(got.begin(), got.end(), 0.0f);
+        internal::GemmQuantizedAt(level, x.data(), k, rows, k, packed.rows(), bias.data(),
+                                  got.data(), outputs, &pool);
+        for (size_t at = 0; at < want.size(); ++at) {
+          ASSERT_TRUE(SameBits(want[at], got[at]))
+              << name << " " << QuantBlockTypeName(type) << " rows " << rows << " outputs "
+              << outputs << " at " << at << ": " << got[at] << " vs portable " << want[at];
         }
       }
     }
@@ -236,8 +255,8 @@ TEST(QuantGemmTest, ActivationsRoundToNearestEvenWithinTheBlockScale) {
   x[3] = 0.49f;
   std::vector<int8_t> q(32);
   float d = 0;
-  std::vector<int16_t> bsum(2);
-  internal::QuantizeActivations(x.data(), 32, 1, 32, 32, q.data(), &d, bsum.data());
+  std::vector<int16_t> bsum(2), bsum32(1);
+  internal::QuantizeActivations(x.data(), 32, 1, 32, 32, q.data(), &d, bsum.data(), bsum32.data());
   EXPECT_EQ(d, 1.0f);
   EXPECT_EQ(q[0], 127);
   EXPECT_EQ(q[1], 2);
@@ -245,6 +264,7 @@ TEST(QuantGemmTest, ActivationsRoundToNearestEvenWithinTheBlockScale) {
   EXPECT_EQ(q[3], 0);
   EXPECT_EQ(bsum[0], 127 + 2 - 4);
   EXPECT_EQ(bsum[1], 0);
+  EXPECT_EQ(bsum32[0], 127 + 2 - 4);
 }
 
 }  // namespace
