@@ -43,8 +43,9 @@ ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses one per core.");
 ABSL_FLAG(std::string, cpu_weight_dtype, "auto",
           "cpu: how linear-layer weights are stored: f32, bf16 (half the bytes), int8 "
           "(weight-only, per-channel scales: a quarter), gguf (a GGUF file's Q8_0/Q4_0/Q4_K/"
-          "Q5_K/Q6_K blocks as they are), or auto (int8 for such a GGUF file, bf16 for a "
-          "bf16/f16 checkpoint where the kernels compute in bf16 (AVX512-BF16), else f32).");
+          "Q5_K/Q6_K blocks as they are), or auto (for such a GGUF file its blocks where the "
+          "CPU has AVX-512 VNNI, else int8; bf16 for a bf16/f16 checkpoint where the kernels "
+          "compute in bf16 (AVX512-BF16); else f32).");
 ABSL_FLAG(std::string, cpu_kv_dtype, "auto",
           "cpu: how the KV cache is stored: f32, bf16 (half the bytes: twice the context per "
           "GiB, and decode attention reads half), or auto (bf16 where the weights are bf16 or "

@@ -300,12 +300,14 @@ struct ActivationBuffers {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int16_t> bsum16, bsum32;
-  QuantizedActivations Quantize(const float* x, int ldx, int m, int k, int block) {
+  QuantizedActivations Quantize(QuantLevel level, const float* x, int ldx, int m, int k,
+                                int block) {
     q.resize(static_cast<size_t>(m) * k);
     d.resize(static_cast<size_t>(m) * (k / block));
     bsum16.resize(static_cast<size_t>(m) * (k / 16));
     bsum32.resize(static_cast<size_t>(m) * (k / 32));
-    QuantizeActivations(x, ldx, m, k, block, q.data(), d.data(), bsum16.data(), bsum32.data());
+    (level == QuantLevel::kAvx512Vnni ? QuantizeActivationsAvx512 : QuantizeActivations)(
+        x, ldx, m, k, block, q.data(), d.data(), bsum16.data(), bsum32.data());
     return {q.data(), d.data(), bsum16.data(), bsum32.data(), k, block};
   }
 };
@@ -344,8 +346,8 @@ void GemmQuantizedAt(QuantLevel level, const float* x, int ldx, int m, int k,
   bool need_small = false, need_large = false;
   for (const QuantizedRows& p : packed) (IsKType(p.type) ? need_large : need_small) = true;
   QuantizedActivations a32, a256;
-  if (need_small) a32 = small.Quantize(x, ldx, m, k, 32);
-  if (need_large) a256 = large.Quantize(x, ldx, m, k, 256);
+  if (need_small) a32 = small.Quantize(level, x, ldx, m, k, 32);
+  if (need_large) a256 = large.Quantize(level, x, ldx, m, k, 256);
 
   // Tiles of W's rows (a panel, or kQuantTileOutputs rows of blocks) within one part; a
   // thread takes a chunk of tiles and runs every row tile of X over it, so the chunk's
@@ -417,6 +419,10 @@ const char* QuantGemmKernelName() {
     default:
       return "portable";
   }
+}
+
+bool QuantGemmBeatsInt8() {
+  return internal::ActiveQuantLevel() == internal::QuantLevel::kAvx512Vnni;
 }
 
 size_t QuantizedPackBytes(std::span<const QuantizedRows> parts, int k) {

@@ -46,6 +46,11 @@ std::vector<QuantizedRows> PackQuantized(std::span<const QuantizedRows> parts, i
 void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const QuantizedRows> packed,
                    const float* bias, float* y, int ldy, ThreadPool* pool);
 
+// Whether this process's quantized kernels run faster than the same weights dequantized
+// to int8 (kernels/cpu/gemm.h): true where they are the AVX-512 VNNI panel kernels (the
+// measurements are in docs/cpu-weights.md). What --cpu_weight_dtype=auto goes by.
+bool QuantGemmBeatsInt8();
+
 // The kernels GemmQuantized runs on this process's level: "avx512_vnni", "avx2" or
 // "portable".
 const char* QuantGemmKernelName();

@@ -60,16 +60,19 @@ void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const 
   for (int r = 0; r < R; ++r) x[r] = a.q + static_cast<size_t>(r0 + r) * k;
   for (int b = 0; b < blocks; ++b) {
     const uint8_t* q = panel + static_cast<size_t>(b) * q_bytes;
-    __m512i dot[R];
+    // Two accumulators per row halve the vpdpbusd dependency chain (integers: exact).
+    __m512i dot[R], dot2[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r) dot[r] = dot2[r] = _mm512_setzero_si512();
     if (q8) {
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {
+      for (int c = 0; c < 8; c += 2) {
         const __m512i w = _mm512_xor_si512(Load64(q + 64 * c), flip);
+        const __m512i w2 = _mm512_xor_si512(Load64(q + 64 * c + 64), flip);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           dot[r] = _mm512_dpbusd_epi32(dot[r], w, Broadcast4(x[r] + 32 * b + 4 * c));
+          dot2[r] = _mm512_dpbusd_epi32(dot2[r], w2, Broadcast4(x[r] + 32 * b + 4 * c + 4));
         }
       }
     } else {
@@ -81,10 +84,12 @@ void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const 
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           dot[r] = _mm512_dpbusd_epi32(dot[r], lo, Broadcast4(x[r] + 32 * b + 8 * c));
-          dot[r] = _mm512_dpbusd_epi32(dot[r], hi, Broadcast4(x[r] + 32 * b + 8 * c + 4));
+          dot2[r] = _mm512_dpbusd_epi32(dot2[r], hi, Broadcast4(x[r] + 32 * b + 8 * c + 4));
         }
       }
     }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], dot2[r]);
     const __m512 dw = Halves(meta + 32 * b);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -152,9 +157,9 @@ void BlocksK(QuantBlockType type, const QuantizedActivations& a, int r0, const u
     }
     const bool four = type == QuantBlockType::kQ4_K;
     for (int j = 0; j < 8; ++j) {
-      __m512i t[R];
+      __m512i t[R], t2[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) t[r] = _mm512_setzero_si512();
+      for (int r = 0; r < R; ++r) t[r] = t2[r] = _mm512_setzero_si512();
       if (four) {
 #pragma GCC unroll 8
         for (int c = 0; c < 4; ++c) {
@@ -165,19 +170,24 @@ void BlocksK(QuantBlockType type, const QuantizedActivations& a, int r0, const u
           for (int r = 0; r < R; ++r) {
             const int8_t* xs = x[r] + 256 * b + 32 * j + 8 * c;
             t[r] = _mm512_dpbusd_epi32(t[r], lo, Broadcast4(xs));
-            t[r] = _mm512_dpbusd_epi32(t[r], hi, Broadcast4(xs + 4));
+            t2[r] = _mm512_dpbusd_epi32(t2[r], hi, Broadcast4(xs + 4));
           }
         }
       } else {
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; ++c) {
+        for (int c = 0; c < 8; c += 2) {
           const __m512i w = Load64(q + 64 * (8 * j + c));
+          const __m512i w2 = Load64(q + 64 * (8 * j + c) + 64);
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
-            t[r] = _mm512_dpbusd_epi32(t[r], w, Broadcast4(x[r] + 256 * b + 32 * j + 4 * c));
+            const int8_t* xs = x[r] + 256 * b + 32 * j + 4 * c;
+            t[r] = _mm512_dpbusd_epi32(t[r], w, Broadcast4(xs));
+            t2[r] = _mm512_dpbusd_epi32(t2[r], w2, Broadcast4(xs + 4));
           }
         }
       }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) t[r] = _mm512_add_epi32(t[r], t2[r]);
       const __m512i sc =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m + 16 * j)));
 #pragma GCC unroll 8
@@ -230,6 +240,41 @@ void Rows(QuantBlockType type, const QuantizedActivations& a, int r0, const uint
 }
 
 }  // namespace
+
+void QuantizeActivationsAvx512(const float* x, int ldx, int m, int k, int block, int8_t* q,
+                               float* d, int16_t* bsum16, int16_t* bsum32) {
+  const int blocks = k / block;
+  const __m512 lowest = _mm512_set1_ps(-127.0f), highest = _mm512_set1_ps(127.0f);
+  for (int r = 0; r < m; ++r) {
+    const float* row = x + static_cast<size_t>(r) * ldx;
+    int8_t* qr = q + static_cast<size_t>(r) * k;
+    int16_t* s16 = bsum16 + static_cast<size_t>(r) * (k / 16);
+    for (int b = 0; b < blocks; ++b) {
+      const float* xb = row + b * block;
+      __m512 most = _mm512_setzero_ps();
+      for (int i = 0; i < block; i += 16) {
+        most = _mm512_max_ps(most, _mm512_abs_ps(_mm512_loadu_ps(xb + i)));
+      }
+      // The portable code's operations, lane by lane: max (exact in any order), one
+      // division, x · inverse, round to nearest even, clamp.
+      const float scale = _mm512_reduce_max_ps(most) / 127.0f;
+      const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+      d[static_cast<size_t>(r) * blocks + b] = scale;
+      const __m512 inv = _mm512_set1_ps(inverse);
+      for (int i = 0; i < block; i += 16) {
+        const __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + i), inv),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i iv = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, lowest), highest));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + b * block + i), _mm512_cvtepi32_epi8(iv));
+        s16[(b * block + i) / 16] = static_cast<int16_t>(_mm512_reduce_add_epi32(iv));
+      }
+    }
+    for (int g = 0; g < k / 32; ++g) {
+      bsum32[static_cast<size_t>(r) * (k / 32) + g] =
+          static_cast<int16_t>(s16[2 * g] + s16[2 * g + 1]);
+    }
+  }
+}
 
 void QuantPanelAvx512Vnni(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
                           const uint8_t* panel, int outputs, const float* bias, float* y, int ldy) {

@@ -34,6 +34,11 @@ struct QuantizedActivations {
 void QuantizeActivations(const float* x, int ldx, int m, int k, int block, int8_t* q, float* d,
                          int16_t* bsum16, int16_t* bsum32);
 
+// The same, vectorised with AVX-512 (the same operations lane by lane: the same q, d and
+// sums); the AVX-512 VNNI level's.
+void QuantizeActivationsAvx512(const float* x, int ldx, int m, int k, int block, int8_t* q,
+                               float* d, int16_t* bsum16, int16_t* bsum32);
+
 // The kernel levels, each with its own weight layout (PackQuantizedAt).
 enum class QuantLevel {
   kPortable,    // ggml's blocks as they are.

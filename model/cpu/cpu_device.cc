@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quant_gemm.h"
 #include "model/cpu/gloo_communicator.h"
 #include "spdlog/spdlog.h"
 
@@ -150,7 +151,11 @@ bool BlockQuantized(std::string_view torch_dtype) {
 }  // namespace
 
 bool KeepsQuantizedWeights(CpuWeightChoice choice, std::string_view torch_dtype) {
-  return choice == CpuWeightChoice::kGguf && BlockQuantized(torch_dtype);
+  // auto keeps the blocks where their kernels beat int8 (AVX-512 VNNI; docs/cpu-weights.md):
+  // then the weights are the file's exactly, and fewer bytes.
+  const bool keep = choice == CpuWeightChoice::kGguf ||
+                    (choice == CpuWeightChoice::kAuto && kernels::QuantGemmBeatsInt8());
+  return keep && BlockQuantized(torch_dtype);
 }
 
 kernels::CpuKvDtype ResolveCpuKvDtype(CpuKvChoice choice, kernels::CpuWeightDtype weights,
@@ -184,9 +189,10 @@ kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice,
       break;
   }
   // A block-quantized file holds at most 8.5 bits a weight: int8 with per-channel scales
-  // reads a byte each and, on the CPUs measured, runs faster than the blocks themselves
-  // (docs/cpu-weights.md, bench/results/2026-12-06-quant). Under gguf this applies only to
-  // the tensors left out of the blocks (embeddings, routers).
+  // reads a byte each and, without AVX-512 VNNI, runs faster than the blocks themselves
+  // (docs/cpu-weights.md, bench/results/2026-12-06-quant). Where the blocks are kept
+  // (KeepsQuantizedWeights) this applies only to the tensors left out of them
+  // (embeddings, routers).
   if (choice == CpuWeightChoice::kAuto && BlockQuantized(torch_dtype)) {
     return kernels::CpuWeightDtype::kInt8;
   }

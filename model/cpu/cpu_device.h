@@ -16,9 +16,9 @@ namespace conveyor::model {
 
 // --cpu_weight_dtype: how linear-layer weights are stored (docs/cpu-weights.md).
 enum class CpuWeightChoice {
-  kAuto,  // int8 for a GGUF file of block-quantized layers (faster than its blocks on the
-          // CPUs measured, docs/cpu-weights.md); bf16 for a bf16/f16 checkpoint where the
-          // kernels have AVX512-BF16; else f32.
+  kAuto,  // A GGUF file of block-quantized layers: its blocks as they are where the CPU
+          // has AVX-512 VNNI, else int8 (each the faster there, docs/cpu-weights.md); bf16
+          // for a bf16/f16 checkpoint where the kernels have AVX512-BF16; else f32.
   kF32,
   kBf16,
   kInt8,
@@ -32,9 +32,10 @@ absl::StatusOr<CpuWeightChoice> ParseCpuWeightChoice(std::string_view name);
 // The dtype `choice` means for a checkpoint declaring `torch_dtype` on this CPU.
 kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice, std::string_view torch_dtype);
 
-// Whether `choice` keeps a checkpoint's GGUF block-quantized weights in their blocks: gguf
-// on a file whose layers are stored in one (torch_dtype "Q8_0", "Q4_K", ...; the other
-// tensors then get ResolveCpuWeightDtype's dtype). Every other choice dequantizes.
+// Whether `choice` keeps a checkpoint's GGUF block-quantized weights in their blocks: gguf,
+// or auto where the quantized kernels beat int8, on a file whose layers are stored in one
+// (torch_dtype "Q8_0", "Q4_K", ...; the other tensors then get ResolveCpuWeightDtype's
+// dtype). Every other choice dequantizes.
 bool KeepsQuantizedWeights(CpuWeightChoice choice, std::string_view torch_dtype);
 
 // --cpu_kv_dtype: how the KV cache is stored (docs/cpu-attention.md).

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/quant_gemm.h"
 
 namespace conveyor::model {
 namespace {
@@ -30,7 +31,8 @@ TEST(CpuWeightChoiceTest, ParsesEveryNameAndRefusesOthersListingThem) {
 TEST(CpuWeightChoiceTest, AutoStoresABlockQuantizedFileAsInt8AndGgufKeepsItsBlocks) {
   for (const std::string type : {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"}) {
     EXPECT_EQ(ResolveCpuWeightDtype(CpuWeightChoice::kAuto, type), CpuWeightDtype::kInt8) << type;
-    EXPECT_FALSE(KeepsQuantizedWeights(CpuWeightChoice::kAuto, type)) << type;
+    EXPECT_EQ(KeepsQuantizedWeights(CpuWeightChoice::kAuto, type), kernels::QuantGemmBeatsInt8())
+        << type;
     EXPECT_TRUE(KeepsQuantizedWeights(CpuWeightChoice::kGguf, type)) << type;
     // The tensors kept out of the blocks (embeddings, routers) stay float32 under gguf.
     EXPECT_EQ(ResolveCpuWeightDtype(CpuWeightChoice::kGguf, type), CpuWeightDtype::kF32) << type;

@@ -267,5 +267,30 @@ TEST(QuantGemmTest, ActivationsRoundToNearestEvenWithinTheBlockScale) {
   EXPECT_EQ(bsum32[0], 127 + 2 - 4);
 }
 
+// The AVX-512 activation quantization gives the portable code's values: every q, d and
+// sum, on rows with exact ties (x.5 after scaling), an all-zero block and outliers.
+TEST(QuantGemmTest, VectorActivationQuantizationMatchesThePortableOne) {
+  if (DetectedCpuIsa() < CpuIsa::kAvx512 || !CpuHasAvx512Vnni()) GTEST_SKIP() << "no AVX-512 VNNI";
+  std::mt19937 rng(17);
+  const int m = 5, k = 1024;
+  std::vector<float> x = RandomActivations(m, k, rng);
+  for (int i = 0; i < 64; ++i) x[i] = 0.0f;  // Blocks whose scale is 0.
+  for (int i = 300; i < 332; ++i) x[i] = static_cast<float>(i % 9) - 4.5f;  // Ties.
+  x[300] = 127.0f;
+  for (int block : {32, 256}) {
+    std::vector<int8_t> q1(m * k), q2(m * k);
+    std::vector<float> d1(m * k / block), d2(d1.size());
+    std::vector<int16_t> s1(m * k / 16), s2(s1.size()), t1(m * k / 32), t2(t1.size());
+    internal::QuantizeActivations(x.data(), k, m, k, block, q1.data(), d1.data(), s1.data(),
+                                  t1.data());
+    internal::QuantizeActivationsAvx512(x.data(), k, m, k, block, q2.data(), d2.data(), s2.data(),
+                                        t2.data());
+    EXPECT_EQ(q1, q2) << block;
+    EXPECT_EQ(s1, s2) << block;
+    EXPECT_EQ(t1, t2) << block;
+    for (size_t i = 0; i < d1.size(); ++i) ASSERT_TRUE(SameBits(d1[i], d2[i])) << block << " " << i;
+  }
+}
+
 }  // namespace
 }  // namespace conveyor::kernels
