@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,26 @@ std::vector<float> PrefillLogits(LocalWorker& w, const std::vector<int32_t>& tok
 // `count` greedy tokens after `prompt`, each step a prefill of the whole sequence (for
 // tiny models: no engine, no sampler, the argmax with ties to the lower id).
 std::vector<int32_t> GreedyByPrefill(LocalWorker& w, std::vector<int32_t> prompt, int count);
+
+// FNV-1a over 32-bit words: what the recorded-bits tests hash logits (their float32 bits)
+// and tokens with.
+class BitsHash {
+ public:
+  void Add(uint32_t word) {
+    for (int i = 0; i < 4; ++i) {
+      value_ = (value_ ^ ((word >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    }
+  }
+  void Add(float f) {
+    uint32_t word;
+    std::memcpy(&word, &f, sizeof word);
+    Add(word);
+  }
+  uint64_t value() const { return value_; }
+
+ private:
+  uint64_t value_ = 0xcbf29ce484222325ull;
+};
 
 // ‖a − b‖ / ‖b‖.
 double RelativeError(const float* a, const float* b, size_t n);

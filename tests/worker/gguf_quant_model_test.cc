@@ -15,8 +15,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/test_temp_dir.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/quant_gemm.h"
 #include "tests/support/test_support.h"
 
 namespace conveyor::testing {
@@ -65,13 +68,18 @@ struct Case {
   // and 256 values per scale). Argmax agreed at 118 and 116 of 120 positions, greedy
   // prefixes for 72 and 50 of 72 tokens.
   double max_relative_error;
+  // The hash (BitsHash) of a prefill's logits on the blocks, on the vector levels and on
+  // the portable one (recorded_bits_test.cc says why they differ).
+  uint64_t vector_levels, portable;
 };
 
 class GgufQuantModelTest : public ::testing::TestWithParam<Case> {};
 
-INSTANTIATE_TEST_SUITE_P(Types, GgufQuantModelTest,
-                         ::testing::Values(Case{"q8_0", 0.03}, Case{"q4_k_m", 0.05}),
-                         [](const auto& info) { return std::string(info.param.type); });
+INSTANTIATE_TEST_SUITE_P(
+    Types, GgufQuantModelTest,
+    ::testing::Values(Case{"q8_0", 0.03, 0x96ee9ebef057bec8, 0x0f0c1ef9f51cef4a},
+                      Case{"q4_k_m", 0.05, 0x0c043cacf51c6187, 0xf920a9ec9b9ba56a}),
+    [](const auto& info) { return std::string(info.param.type); });
 
 TEST_P(GgufQuantModelTest, ComesCloseToTheDequantizedModelAndKeepsItsBlocks) {
   const Case c = GetParam();
@@ -148,6 +156,30 @@ TEST_P(GgufQuantModelTest, LogitsAreTheSameBitsWhateverTheBatch) {
               0)
         << c.type << " position " << t;
   }
+}
+
+// The logits computed on the blocks are specified bit for bit, as recorded_bits_test.cc
+// pins down for the other weight storages: every vector level (AVX2 on the blocks,
+// AVX-512 VNNI on its panels) gives the recorded hash, on any CPU. When the arithmetic
+// changes on purpose, record the printed hash here and say why in the commit.
+TEST_P(GgufQuantModelTest, LogitsHaveTheRecordedBits) {
+  const Case c = GetParam();
+  TestTempDir dir;
+  const std::string path = WriteQuantGguf(dir, c.type);
+  ASSERT_FALSE(path.empty());
+  auto w = LocalWorker::Create(path, 2, kNumBlocks, kBlockSize, kernels::CpuWeightDtype::kF32,
+                               kernels::CpuKvDtype::kF32, true);
+  ASSERT_TRUE(w);
+  BitsHash hash;
+  for (float logit : PrefillLogits(*w, RandomPrompt(w->model->config().vocab_size, 9))) {
+    hash.Add(logit);
+  }
+  const bool portable = kernels::ActiveCpuIsa() == kernels::CpuIsa::kPortable;
+  EXPECT_EQ(hash.value(), portable ? c.portable : c.vector_levels) << absl::StrFormat(
+      "%s: the logits' bits differ from those recorded (new hash 0x%016x) on the %s "
+      "instruction level (quantized kernels: %s) of a CPU with: %s",
+      c.type, hash.value(), kernels::CpuIsaName(kernels::ActiveCpuIsa()),
+      kernels::QuantGemmKernelName(), kernels::CpuFeatureSummary());
 }
 
 }  // namespace

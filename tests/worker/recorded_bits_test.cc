@@ -12,7 +12,6 @@
 //
 // When the arithmetic changes on purpose (a new kernel order, a different rounding), the
 // failure prints the new hash: record it below, and say in the commit why the bits moved.
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,25 +25,6 @@ namespace {
 
 constexpr int kBlockSize = 16;
 constexpr int kNewTokens = 8;
-
-// FNV-1a over 32-bit words.
-class Hash {
- public:
-  void Add(uint32_t word) {
-    for (int i = 0; i < 4; ++i) {
-      value_ = (value_ ^ ((word >> (8 * i)) & 0xff)) * 0x100000001b3ull;
-    }
-  }
-  void Add(float f) {
-    uint32_t word;
-    std::memcpy(&word, &f, sizeof word);
-    Add(word);
-  }
-  uint64_t value() const { return value_; }
-
- private:
-  uint64_t value_ = 0xcbf29ce484222325ull;
-};
 
 struct Case {
   const char* variant;
@@ -72,7 +52,7 @@ uint64_t HashOfGreedyRun(const Case& c) {
   for (int b = 0; b * kBlockSize < static_cast<int>(prompt.size()) + kNewTokens; ++b) {
     seq->add_block_ids(b);
   }
-  Hash hash;
+  BitsHash hash;
   for (int i = 0; i < kNewTokens; ++i) {
     worker::v1::StepResponse response;
     EXPECT_TRUE(w->engine->Step(step, &response).ok());
