@@ -30,13 +30,14 @@ __global__ void ComputeToF32Kernel(const T* __restrict__ src, float* __restrict_
 }
 
 template <typename T>
-__global__ void AddBiasKernel(T* __restrict__ y, const T* __restrict__ bias, size_t rows,
-                              int cols) {
+__global__ void AddBiasKernel(T* __restrict__ y, const T* __restrict__ bias, size_t rows, int cols,
+                              int ld) {
   const size_t count = rows * cols;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += stride) {
-    y[i] = FromFloat<T>(ToFloat(y[i]) + ToFloat(bias[i % cols]));
+    T& out = y[(i / cols) * ld + i % cols];
+    out = FromFloat<T>(ToFloat(out) + ToFloat(bias[i % cols]));
   }
 }
 
@@ -64,14 +65,15 @@ cudaError_t LaunchComputeToF32(const void* src, float* dst, size_t count, DType 
   });
 }
 
-cudaError_t LaunchAddBias(void* y, const void* bias, int rows, int cols, DType dtype,
+cudaError_t LaunchAddBias(void* y, const void* bias, int rows, int cols, int ld, DType dtype,
                           cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (ld < cols) return cudaErrorInvalidValue;
   const size_t count = static_cast<size_t>(rows) * cols;
   return DispatchDType(dtype, [&](auto t) {
     using T = decltype(t);
     AddBiasKernel<T><<<GridStrideBlocks(count, kThreads), kThreads, 0, stream>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), static_cast<size_t>(rows), cols);
+        static_cast<T*>(y), static_cast<const T*>(bias), static_cast<size_t>(rows), cols, ld);
     return cudaGetLastError();
   });
 }

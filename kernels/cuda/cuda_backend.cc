@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "kernels/cuda/cuda_gemm.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/quant_layout.h"
 
 namespace conveyor::kernels {
 namespace {
@@ -66,6 +69,49 @@ class CudaLinearWeight final : public LinearWeight {
   void* bias_;    // [out], compute dtype (cuBLASLt's epilogue wants D's type).
 };
 
+// A GGUF block-quantized weight in the layout of quant_layout.h: one device allocation
+// holding each part's codes, scales and mins, and the bias in the compute dtype.
+class CudaQuantLinearWeight final : public LinearWeight {
+ public:
+  // A part's rows [row_begin, row_begin + kernel.rows) of the weight.
+  struct Part {
+    int row_begin = 0;
+    cuda::QuantLinearPart kernel;
+  };
+
+  CudaQuantLinearWeight(int device, int out, int in, void* memory, size_t memory_bytes,
+                        std::vector<Part> parts, void* bias, size_t bias_bytes)
+      : device_(device),
+        out_(out),
+        in_(in),
+        memory_(memory),
+        bytes_(memory_bytes + bias_bytes),
+        parts_(std::move(parts)),
+        bias_(bias) {}
+  ~CudaQuantLinearWeight() override {
+    cudaSetDevice(device_);
+    cudaFree(memory_);
+    if (bias_ != nullptr) cudaFree(bias_);
+  }
+  CudaQuantLinearWeight(const CudaQuantLinearWeight&) = delete;
+  CudaQuantLinearWeight& operator=(const CudaQuantLinearWeight&) = delete;
+
+  int out_features() const override { return out_; }
+  int in_features() const override { return in_; }
+  size_t size_bytes() const override { return bytes_; }
+  const std::vector<Part>& parts() const { return parts_; }
+  const void* bias() const { return bias_; }  // Null when the layer has none.
+
+ private:
+  int device_;
+  int out_;
+  int in_;
+  void* memory_;
+  size_t bytes_;
+  std::vector<Part> parts_;  // Pointers into memory_.
+  void* bias_;               // [out], compute dtype.
+};
+
 class CudaBackendImpl final : public CudaBackend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device,
@@ -92,6 +138,8 @@ class CudaBackendImpl final : public CudaBackend {
   absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinear(const float* weight, int out_features,
                                                            int in_features,
                                                            const float* bias) override;
+  absl::StatusOr<std::unique_ptr<LinearWeight>> PackLinearQuantized(
+      std::span<const QuantizedRows> parts, int in_features, const float* bias) override;
   absl::StatusOr<void*> UploadCompute(const float* host, size_t count) override;
   absl::StatusOr<void*> UploadF32(const float* host, size_t count) override;
 
@@ -133,6 +181,11 @@ class CudaBackendImpl final : public CudaBackend {
   void Activate() { RecordCuda(cudaSetDevice(device_), "cudaSetDevice"); }
   // Allocates `count` compute-dtype elements and fills them from float32 `host`.
   absl::StatusOr<void*> UploadConverted(const float* host, size_t count);
+  // Linear on a block-quantized weight: the fused GEMV for up to kMaxQuantGemvTokens
+  // rows, else tiles of the weight dequantized into the scratch, each through the GEMM.
+  void LinearQuantized(const void* x, int n, const CudaQuantLinearWeight& weight, void* out);
+  // Rows of a dequantized weight tile that fit the scratch (0: not one).
+  int QuantTileRows(int out_features, int in_features) const;
 
   const int device_;
   const DType dtype_;
@@ -313,6 +366,141 @@ absl::StatusOr<std::unique_ptr<LinearWeight>> CudaBackendImpl::PackLinear(const 
                                             w, b);
 }
 
+int CudaBackendImpl::QuantTileRows(int out_features, int in_features) const {
+  const size_t fit = scratch_bytes_ / (static_cast<size_t>(in_features) * activation_bytes());
+  if (fit >= static_cast<size_t>(out_features)) return out_features;
+  // Whole multiples of 64 rows keep every tile's output columns 128-byte aligned.
+  return static_cast<int>(fit >= 64 ? fit - fit % 64 : fit);
+}
+
+absl::StatusOr<std::unique_ptr<LinearWeight>> CudaBackendImpl::PackLinearQuantized(
+    std::span<const QuantizedRows> parts, int in_features, const float* bias) {
+  if (parts.empty()) return absl::InvalidArgumentError("PackLinearQuantized: no parts");
+  // Where each part's arrays go in one allocation, each at a 256-byte boundary; checked
+  // (RepackQuantizedRows below checks the rest) before anything is allocated.
+  constexpr size_t kAlign = 256;
+  auto aligned = [](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+  struct Sections {
+    size_t codes, scales, mins;
+  };
+  std::vector<Sections> offsets;
+  size_t total = 0;
+  int64_t out = 0;
+  for (const QuantizedRows& part : parts) {
+    if (part.rows <= 0 || in_features <= 0 || in_features % QuantBlockElements(part.type) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PackLinearQuantized: a part of ", part.rows, " rows of ", QuantBlockTypeName(part.type),
+          " blocks ", in_features, " weights wide (rows must be whole blocks)"));
+    }
+    const cuda::GpuQuantFormat f = cuda::GpuQuantFormatOf(part.type);
+    const size_t rows = static_cast<size_t>(part.rows);
+    const size_t scale_bytes = rows * (in_features / f.group) * sizeof(float);
+    Sections s;
+    s.codes = total;
+    total += aligned(rows * cuda::GpuQuantCodeBytesPerRow(f, in_features));
+    s.scales = total;
+    total += aligned(scale_bytes);
+    s.mins = total;
+    if (f.has_min) total += aligned(scale_bytes);
+    offsets.push_back(s);
+    out += part.rows;
+  }
+  if (out > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackLinearQuantized: ", out, " output features is too many"));
+  }
+  if (QuantTileRows(static_cast<int>(out), in_features) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PackLinearQuantized: one row of ", in_features,
+                                                   " weights does not fit the ", scratch_bytes_,
+                                                   "-byte scratch it is dequantized into; raise "
+                                                   "CudaBackendOptions::scratch_bytes"));
+  }
+  Activate();
+  ASSIGN_OR_RETURN(void* memory, Allocate(total));
+  auto* base = static_cast<char*>(memory);
+  absl::Cleanup free_memory = [memory] { cudaFree(memory); };
+  std::vector<CudaQuantLinearWeight::Part> packed;
+  int row = 0;
+  // Part by part, so the host holds one part's repacked copy at a time.
+  for (size_t i = 0; i < parts.size(); ++i) {
+    ASSIGN_OR_RETURN(cuda::GpuQuantRows rows, cuda::RepackQuantizedRows(parts[i], in_features));
+    auto upload = [&](size_t offset, const void* host, size_t bytes) {
+      return CudaStatus(
+          cudaMemcpyAsync(base + offset, host, bytes, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync(quantized weight)");
+    };
+    RETURN_IF_ERROR(upload(offsets[i].codes, rows.codes.data(), rows.codes.size()));
+    RETURN_IF_ERROR(
+        upload(offsets[i].scales, rows.scales.data(), rows.scales.size() * sizeof(float)));
+    if (rows.format.has_min) {
+      RETURN_IF_ERROR(upload(offsets[i].mins, rows.mins.data(), rows.mins.size() * sizeof(float)));
+    }
+    // The host arrays must outlive the copies.
+    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"));
+    CudaQuantLinearWeight::Part part;
+    part.row_begin = row;
+    part.kernel.codes = reinterpret_cast<const uint8_t*>(base + offsets[i].codes);
+    part.kernel.scales = reinterpret_cast<const float*>(base + offsets[i].scales);
+    part.kernel.mins =
+        rows.format.has_min ? reinterpret_cast<const float*>(base + offsets[i].mins) : nullptr;
+    part.kernel.rows = rows.rows;
+    part.kernel.in = in_features;
+    part.kernel.bits = rows.format.bits;
+    part.kernel.group = rows.format.group;
+    part.kernel.zero = rows.format.zero;
+    if (const char* why = cuda::CheckQuantLinearPart(part.kernel); why != nullptr) {
+      return absl::InternalError(absl::StrCat("PackLinearQuantized: ", why));
+    }
+    packed.push_back(part);
+    row += rows.rows;
+  }
+  void* device_bias = nullptr;
+  if (bias != nullptr) {
+    ASSIGN_OR_RETURN(device_bias, UploadConverted(bias, out));
+  }
+  std::move(free_memory).Cancel();
+  return std::make_unique<CudaQuantLinearWeight>(device_, static_cast<int>(out), in_features,
+                                                 memory, total, std::move(packed), device_bias,
+                                                 bias != nullptr ? out * activation_bytes() : 0);
+}
+
+void CudaBackendImpl::LinearQuantized(const void* x, int n, const CudaQuantLinearWeight& weight,
+                                      void* out) {
+  if (n <= 0) return;
+  const int out_features = weight.out_features(), in = weight.in_features();
+  const size_t e = activation_bytes();
+  const char* bias = static_cast<const char*>(weight.bias());
+  char* y = static_cast<char*>(out);
+  if (n <= cuda::kMaxQuantGemvTokens) {
+    for (const CudaQuantLinearWeight::Part& part : weight.parts()) {
+      RecordCuda(cuda::LaunchQuantGemv(part.kernel, x, n,
+                                       bias != nullptr ? bias + part.row_begin * e : nullptr,
+                                       y + part.row_begin * e, out_features, dtype_, stream_),
+                 "QuantGemv launch");
+    }
+    return;
+  }
+  // Stream order keeps a tile's dequantization from overwriting the previous tile before
+  // its GEMM has read it.
+  const int tile = QuantTileRows(out_features, in);  // > 0: PackLinearQuantized checked.
+  for (int begin = 0; begin < out_features; begin += tile) {
+    const int end = std::min(out_features, begin + tile);
+    for (const CudaQuantLinearWeight::Part& part : weight.parts()) {
+      const int from = std::max(begin, part.row_begin);
+      const int to = std::min(end, part.row_begin + part.kernel.rows);
+      if (from >= to) continue;
+      RecordCuda(cuda::LaunchQuantDequantize(
+                     part.kernel, from - part.row_begin, to - from,
+                     reinterpret_cast<char*>(scratch_) + static_cast<size_t>(from - begin) * in * e,
+                     dtype_, stream_),
+                 "QuantDequantize launch");
+    }
+    Record(gemm_->Linear(x, n, scratch_, end - begin, in,
+                         bias != nullptr ? bias + static_cast<size_t>(begin) * e : nullptr,
+                         y + static_cast<size_t>(begin) * e, out_features, dtype_, stream_));
+  }
+}
+
 absl::StatusOr<void*> CudaBackendImpl::UploadCompute(const float* host, size_t count) {
   Activate();
   return UploadConverted(host, count);
@@ -356,9 +544,13 @@ void CudaBackendImpl::AddRmsNorm(void* residual, const void* x, const void* weig
 
 void CudaBackendImpl::Linear(const void* x, int n, const LinearWeight& weight, void* out) {
   Activate();
+  if (const auto* quantized = dynamic_cast<const CudaQuantLinearWeight*>(&weight)) {
+    LinearQuantized(x, n, *quantized, out);
+    return;
+  }
   const auto& w = static_cast<const CudaLinearWeight&>(weight);
-  Record(gemm_->Linear(x, n, w.weight(), w.out_features(), w.in_features(), w.bias(), out, dtype_,
-                       stream_));
+  Record(gemm_->Linear(x, n, w.weight(), w.out_features(), w.in_features(), w.bias(), out,
+                       w.out_features(), dtype_, stream_));
 }
 
 void CudaBackendImpl::Rope(void* q, void* k, int n, int row_stride, const int32_t* positions,

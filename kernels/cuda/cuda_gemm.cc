@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 
@@ -53,7 +54,8 @@ void CudaGemm::DestroyPlan(Plan* plan) {
 absl::StatusOr<bool> CudaGemm::TryLtPlan(const PlanKey& key, cublasLtEpilogue_t epilogue,
                                          const void* bias, Plan* plan) {
   // Row-major y[n, out] = x[n, in] · Wᵀ is column-major yᵀ[out, n] = W[out, in] · xᵀ:
-  // A = W, stored column-major as [in, out] (so op(A) = Aᵀ), B = xᵀ as [in, n], C = D = yᵀ.
+  // A = W, stored column-major as [in, out] (so op(A) = Aᵀ), B = xᵀ as [in, n], C = D = yᵀ
+  // (leading dimension ldy).
   const cudaDataType_t type = CudaType(key.dtype);
   RETURN_IF_ERROR(
       CublasStatus(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
@@ -83,7 +85,7 @@ absl::StatusOr<bool> CudaGemm::TryLtPlan(const PlanKey& key, cublasLtEpilogue_t 
                                "cublasLtMatrixLayoutCreate(A)"));
   RETURN_IF_ERROR(CublasStatus(cublasLtMatrixLayoutCreate(&plan->b, type, key.in, key.n, key.in),
                                "cublasLtMatrixLayoutCreate(B)"));
-  RETURN_IF_ERROR(CublasStatus(cublasLtMatrixLayoutCreate(&plan->c, type, key.out, key.n, key.out),
+  RETURN_IF_ERROR(CublasStatus(cublasLtMatrixLayoutCreate(&plan->c, type, key.out, key.n, key.ldy),
                                "cublasLtMatrixLayoutCreate(C)"));
 
   cublasLtMatmulPreference_t preference = nullptr;
@@ -148,11 +150,17 @@ absl::StatusOr<const CudaGemm::Plan*> CudaGemm::GetPlan(const PlanKey& key, cons
 }
 
 absl::Status CudaGemm::Linear(const void* x, int n, const void* weight, int out, int in,
-                              const void* bias, void* y, DType dtype, cudaStream_t stream) {
+                              const void* bias, void* y, int ldy, DType dtype,
+                              cudaStream_t stream) {
   if (n <= 0) return absl::OkStatus();
+  if (ldy < out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CudaGemm::Linear: output row stride ", ldy, " < ", out, " columns"));
+  }
   const PlanKey key{n,
                     out,
                     in,
+                    ldy,
                     dtype,
                     bias != nullptr,
                     AlignmentOf(x),
@@ -178,11 +186,12 @@ absl::Status CudaGemm::Linear(const void* x, int n, const void* weight, int out,
     RETURN_IF_ERROR(CublasStatus(cublasSetStream(blas_, stream), "cublasSetStream"));
     RETURN_IF_ERROR(CublasStatus(
         cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, weight, type, in, x, type,
-                     in, &beta, y, type, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     in, &beta, y, type, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx"));
   }
   if (bias != nullptr && !plan->fused_bias) {
-    RETURN_IF_ERROR(CudaStatus(LaunchAddBias(y, bias, n, out, dtype, stream), "AddBias launch"));
+    RETURN_IF_ERROR(
+        CudaStatus(LaunchAddBias(y, bias, n, out, ldy, dtype, stream), "AddBias launch"));
   }
   return absl::OkStatus();
 }

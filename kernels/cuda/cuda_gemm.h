@@ -32,21 +32,22 @@ class CudaGemm {
   CudaGemm& operator=(const CudaGemm&) = delete;
 
   // Queues y[n, out] = x[n, in] · weight[out, in]ᵀ (+ bias[out] if not null) on
-  // `stream`. All row-major and contiguous, all in `dtype`.
+  // `stream`. All row-major, all in `dtype`; x and weight contiguous, y's rows `ldy`
+  // (>= out) elements apart (a column slice of a wider output when larger).
   absl::Status Linear(const void* x, int n, const void* weight, int out, int in, const void* bias,
-                      void* y, DType dtype, cudaStream_t stream);
+                      void* y, int ldy, DType dtype, cudaStream_t stream);
 
  private:
-  // What a plan depends on: the shape, the dtype, the bias and the pointers' alignment
-  // (cuBLASLt kernels may require 16-byte or wider alignment).
+  // What a plan depends on: the shape, y's row stride, the dtype, the bias and the
+  // pointers' alignment (cuBLASLt kernels may require 16-byte or wider alignment).
   struct PlanKey {
-    int n, out, in;
+    int n, out, in, ldy;
     DType dtype;
     bool has_bias;
     int align_x, align_w, align_y, align_bias;
     bool operator<(const PlanKey& o) const {
-      return std::tie(n, out, in, dtype, has_bias, align_x, align_w, align_y, align_bias) <
-             std::tie(o.n, o.out, o.in, o.dtype, o.has_bias, o.align_x, o.align_w, o.align_y,
+      return std::tie(n, out, in, ldy, dtype, has_bias, align_x, align_w, align_y, align_bias) <
+             std::tie(o.n, o.out, o.in, o.ldy, o.dtype, o.has_bias, o.align_x, o.align_w, o.align_y,
                       o.align_bias);
     }
   };

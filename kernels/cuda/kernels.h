@@ -26,8 +26,9 @@ cudaError_t LaunchF32ToCompute(const float* src, void* dst, size_t count, DType 
 // dst[i] = float(src[i]) (exact).
 cudaError_t LaunchComputeToF32(const void* src, float* dst, size_t count, DType dtype,
                                cudaStream_t stream);
-// y[r, c] = T(float(y[r, c]) + float(bias[c])) for a row-major [rows, cols] y.
-cudaError_t LaunchAddBias(void* y, const void* bias, int rows, int cols, DType dtype,
+// y[r, c] = T(float(y[r, c]) + float(bias[c])) for r < rows, c < cols of a row-major y
+// whose rows are `ld` elements apart.
+cudaError_t LaunchAddBias(void* y, const void* bias, int rows, int cols, int ld, DType dtype,
                           cudaStream_t stream);
 
 // --- Row movement (rows_kernels.cu) --------------------------------------------------
@@ -104,6 +105,39 @@ size_t PagedAttentionScratchBytesPerToken(const PagedAttentionArgs& args);
 // `tokens_per_launch` bytes; tokens are processed in launches of that many.
 cudaError_t LaunchPagedAttention(const PagedAttentionArgs& args, float* scratch,
                                  int tokens_per_launch, DType dtype, cudaStream_t stream);
+
+// --- Weight-only quantized linear layers (quant_linear_kernels.cu) --------------------
+// The layout quant_layout.h describes, on the device: rows of `in` weights, each weight
+// scale · float(code − zero) − min, rounded as there (no FMA), so the dequantized weights
+// equal ggml's bit for bit before any rounding to the compute dtype.
+struct QuantLinearPart {
+  const uint8_t* codes = nullptr;  // [rows, in · bits / 8]
+  const float* scales = nullptr;   // [rows, in / group]
+  const float* mins = nullptr;     // As scales, or null (no mins).
+  int rows = 0;
+  int in = 0;
+  int bits = 8;  // 4 or 8.
+  int group = 32;
+  int zero = 0;
+};
+
+// Tokens the fused decode GEMV takes at once; larger batches dequantize into a weight tile
+// and use the GEMM.
+inline constexpr int kMaxQuantGemvTokens = 8;
+
+// Returns nullptr if the kernels support `part` (bits 4 or 8; group a multiple of 8 that
+// divides in; codes 8-byte and scales 4-byte aligned), else why not.
+const char* CheckQuantLinearPart(const QuantLinearPart& part);
+// y[t, r] = T(Σ_i x[t, i] · w[r, i] + bias[r]) for t < n <= kMaxQuantGemvTokens and
+// r < part.rows: one warp per row, the weights dequantized in registers, float32 sums
+// (each lane's in a fixed order, then a butterfly over the warp: a token's result does not
+// depend on n). x is [n, in] contiguous, y row-strided by ldy, bias [rows] or null.
+cudaError_t LaunchQuantGemv(const QuantLinearPart& part, const void* x, int n, const void* bias,
+                            void* y, int ldy, DType dtype, cudaStream_t stream);
+// out[r, :] = T(w[row_begin + r, :]) for r < num_rows: rows dequantized into a contiguous
+// [num_rows, in] tile (16-byte aligned) for the GEMM.
+cudaError_t LaunchQuantDequantize(const QuantLinearPart& part, int row_begin, int num_rows,
+                                  void* out, DType dtype, cudaStream_t stream);
 
 // --- Sampling (sampling_kernels.cu) ---------------------------------------------------
 // The host sampler's semantics (model/sampler.h) for a batch of logit rows whose

@@ -2,7 +2,8 @@
 # Builds and runs Conveyor's GPU checks on a machine with an sm_90 GPU (H100/H200):
 # a CUDA-only build (tests/gpu/CMakeLists.txt: kernels, the model without gRPC, the
 # tests), then
-#   1. the kernel tests against the CPU backend, with a table of every check's error;
+#   1. the kernel tests against the CPU backend and the quantized linear layers against
+#      ggml's dequantization, with a table of every check's error;
 #   2. greedy decoding of the same random-weight model (tests/model_gen's `small` shape)
 #      on CUDA bf16 and on the CPU in fp32: free-running first divergence per prompt,
 #      teacher-forced agreement over 128 tokens (target >= 99 %), logit error;
@@ -77,8 +78,8 @@ cmake -S "$repo/tests/gpu" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 step "build"
 jobs=()
 [[ -n "${CONVEYOR_GPU_JOBS:-}" ]] && jobs=(-j "$CONVEYOR_GPU_JOBS")
-ninja -C "$build" "${jobs[@]}" cuda_kernel_test device_sampler_test greedy_agreement_test \
-  conveyor-step-bench \
+ninja -C "$build" "${jobs[@]}" cuda_kernel_test cuda_quant_linear_test device_sampler_test \
+  greedy_agreement_test conveyor-step-bench \
   >"$out/build.log" 2>&1 ||
   { tail -60 "$out/build.log"; die "build failed (log: $out/build.log)"; }
 grep -iE "warning" "$out/build.log" | head -20
@@ -88,9 +89,12 @@ test_log="$out/kernel_test.log"
 "$build/kernels/cuda_kernel_test" --gtest_filter="$filter" \
   --gtest_output="json:$out/kernel_test.json" >"$test_log" 2>&1
 test_rc=$?
-# The device sampler against the host sampler, into the same log and table.
+# The device sampler against the host sampler, and the quantized (GGUF block) linear
+# layers against ggml's dequantization, into the same log and table.
 "$build/device_sampler_test" --gtest_filter="$filter" \
   --gtest_output="json:$out/device_sampler_test.json" >>"$test_log" 2>&1 || test_rc=1
+"$build/kernels/cuda_quant_linear_test" --gtest_filter="$filter" \
+  --gtest_output="json:$out/quant_linear_test.json" >>"$test_log" 2>&1 || test_rc=1
 grep -E "^\[  FAILED  \]|Failure|error:|last_error" "$test_log" | head -40
 
 step "results"
