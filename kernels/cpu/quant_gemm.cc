@@ -412,7 +412,7 @@ void GemmQuantizedAt(QuantLevel level, const float* x, int ldx, int m, int k,
 const char* QuantGemmKernelName() {
   switch (internal::ActiveQuantLevel()) {
     case internal::QuantLevel::kAvx512Vnni:
-      return "avx512_vnni";
+      return "avx512_vnni on 16-row panels repacked at load";
     case internal::QuantLevel::kAvx2:
       return "avx2";
     case internal::QuantLevel::kPortable:

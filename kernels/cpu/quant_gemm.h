@@ -51,8 +51,8 @@ void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const Quanti
 // measurements are in docs/cpu-weights.md). What --cpu_weight_dtype=auto goes by.
 bool QuantGemmBeatsInt8();
 
-// The kernels GemmQuantized runs on this process's level: "avx512_vnni", "avx2" or
-// "portable".
+// The kernels GemmQuantized runs on this process's level: "avx512_vnni on 16-row panels
+// repacked at load", "avx2" or "portable".
 const char* QuantGemmKernelName();
 
 }  // namespace conveyor::kernels
