@@ -1,11 +1,13 @@
 #include "checkpoint/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/file_util.h"
@@ -56,7 +58,8 @@ absl::StatusOr<std::map<std::string, std::string>> ReadWeightMap(const std::stri
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& model_dir) {
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(
+    const std::string& model_dir, const WeightQuantization& quantization) {
   std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
   checkpoint->dir_ = model_dir;
   const std::filesystem::path dir(model_dir);
@@ -96,10 +99,106 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     return absl::NotFoundError(
         absl::StrCat(model_dir, ": neither ", kSingleFile, " nor ", kIndexFile, " exists"));
   }
+  RETURN_IF_ERROR(checkpoint->OpenQuantized(quantization));
   return checkpoint;
 }
 
-bool Checkpoint::Contains(const std::string& name) const { return tensor_to_file_.contains(name); }
+absl::Status Checkpoint::OpenQuantized(const WeightQuantization& quantization) {
+  constexpr absl::string_view kQweight = ".qweight";
+  std::vector<std::string> layers;
+  for (const auto& [tensor, file] : tensor_to_file_) {
+    if (absl::EndsWith(tensor, kQweight)) {
+      layers.push_back(tensor.substr(0, tensor.size() - kQweight.size()));
+    }
+  }
+  std::sort(layers.begin(), layers.end());  // The first error is the same every time.
+  for (const std::string& layer : layers) {
+    const SafetensorsFile* file = tensor_to_file_.at(layer + ".qweight");
+    if (quantization.method == WeightQuantization::Method::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file->path(), ": tensor '", layer,
+                       ".qweight' is a GPTQ/AWQ layer's, but config.json has no "
+                       "quantization_config saying how it is packed"));
+    }
+    if (tensor_to_file_.contains(layer + ".weight")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir_, ": layer '", layer, "' has both a weight and a qweight"));
+    }
+    auto raw = [&](const std::string& suffix) -> absl::StatusOr<RawTensorView> {
+      const std::string name = layer + suffix;
+      auto it = tensor_to_file_.find(name);
+      if (it == tensor_to_file_.end()) {
+        return absl::NotFoundError(absl::StrCat(dir_, ": quantized layer '", layer,
+                                                "' has a qweight but no tensor '", name, "'"));
+      }
+      return it->second->FindRaw(name);
+    };
+    QuantizedLinear::Tensors tensors;
+    ASSIGN_OR_RETURN(tensors.qweight, raw(".qweight"));
+    ASSIGN_OR_RETURN(tensors.qzeros, raw(".qzeros"));
+    ASSIGN_OR_RETURN(tensors.scales, raw(".scales"));
+    if (Contains(layer + ".g_idx")) {
+      ASSIGN_OR_RETURN(tensors.g_idx, raw(".g_idx"));
+    }
+    ASSIGN_OR_RETURN(QuantizedLinear linear,
+                     QuantizedLinear::Make(quantization, layer, file->path(), tensors));
+    quantized_.emplace(layer + ".weight", Quantized{std::move(linear), file});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const Checkpoint::Quantized*> Checkpoint::FindQuantized(
+    const std::string& name, const std::vector<int64_t>& expected_shape) const {
+  auto it = quantized_.find(name);
+  if (it == quantized_.end()) return nullptr;
+  const QuantizedLinear& linear = it->second.linear;
+  const std::vector<int64_t> shape = {linear.rows(), linear.cols()};
+  if (shape != expected_shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantized tensor '", name, "' in ", it->second.file->path(), " has shape ",
+                     ShapeString(shape), ", expected ", ShapeString(expected_shape)));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<GgmlType> Checkpoint::QuantizedTypeOf(const std::string& name) const {
+  auto it = quantized_.find(name);
+  if (it == quantized_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(dir_, ": '", name, "' is not a GPTQ/AWQ layer's weight"));
+  }
+  return it->second.linear.block_type();
+}
+
+absl::Status Checkpoint::ReadBlocks(const std::string& name,
+                                    const std::vector<int64_t>& expected_shape, int64_t row_begin,
+                                    int64_t row_end, int64_t col_begin, int64_t col_end,
+                                    std::vector<std::byte>* out) const {
+  ASSIGN_OR_RETURN(const Quantized* quantized, FindQuantized(name, expected_shape));
+  if (quantized == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat(dir_, ": '", name, "' is not a GPTQ/AWQ layer's weight"));
+  }
+  const QuantizedLinear& linear = quantized->linear;
+  if (row_begin < 0 || row_begin > row_end || row_end > linear.rows() || col_begin < 0 ||
+      col_begin > col_end || col_end > linear.cols()) {
+    return absl::OutOfRangeError(absl::StrCat("rows [", row_begin, ", ", row_end, ") columns [",
+                                              col_begin, ", ", col_end, ") of quantized tensor '",
+                                              name, "' with shape ", ShapeString(expected_shape)));
+  }
+  const int64_t block = TraitsOf(linear.block_type()).block_elements;
+  if (col_begin % block != 0 || col_end % block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("columns [", col_begin, ", ", col_end,
+                                                   ") of quantized tensor '", name,
+                                                   "' are not whole blocks of ", block));
+  }
+  linear.AppendBlocks(row_begin, row_end, col_begin, col_end, out);
+  return absl::OkStatus();
+}
+
+bool Checkpoint::Contains(const std::string& name) const {
+  return tensor_to_file_.contains(name) || quantized_.contains(name);
+}
 
 absl::StatusOr<TensorView> Checkpoint::Find(const std::string& name) const {
   auto it = tensor_to_file_.find(name);
@@ -111,6 +210,12 @@ absl::StatusOr<TensorView> Checkpoint::Find(const std::string& name) const {
 
 absl::Status Checkpoint::ReadF32(const std::string& name,
                                  const std::vector<int64_t>& expected_shape, float* out) const {
+  ASSIGN_OR_RETURN(const Quantized* quantized, FindQuantized(name, expected_shape));
+  if (quantized != nullptr) {
+    const QuantizedLinear& linear = quantized->linear;
+    linear.Dequantize(0, linear.rows(), 0, linear.cols(), out);
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(const TensorView tensor, Find(name));
   RETURN_IF_ERROR(CheckShape(tensor, tensor_to_file_.at(name)->path(), expected_shape));
   ConvertToF32(tensor.dtype, tensor.data, static_cast<size_t>(tensor.NumElements()), out);
@@ -120,6 +225,22 @@ absl::Status Checkpoint::ReadF32(const std::string& name,
 absl::Status Checkpoint::ReadF32Slice(const std::string& name,
                                       const std::vector<int64_t>& expected_shape, int dim,
                                       int64_t begin, int64_t end, float* out) const {
+  ASSIGN_OR_RETURN(const Quantized* quantized, FindQuantized(name, expected_shape));
+  if (quantized != nullptr) {
+    const QuantizedLinear& linear = quantized->linear;
+    const int64_t size = dim == 0 ? linear.rows() : linear.cols();
+    if (dim < 0 || dim > 1 || begin < 0 || begin > end || end > size) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "slice [", begin, ", ", end, ") of dimension ", dim, " of quantized tensor '", name,
+          "' in ", quantized->file->path(), " with shape ", ShapeString(expected_shape)));
+    }
+    if (dim == 0) {
+      linear.Dequantize(begin, end, 0, linear.cols(), out);
+    } else {
+      linear.Dequantize(0, linear.rows(), begin, end, out);
+    }
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(const TensorView tensor, Find(name));
   const std::string& path = tensor_to_file_.at(name)->path();
   RETURN_IF_ERROR(CheckShape(tensor, path, expected_shape));
@@ -151,11 +272,26 @@ absl::Status Checkpoint::ReadF32Slice(const std::string& name,
 }
 
 uint64_t Checkpoint::TotalTensorBytes() const {
-  // Tensors of unsupported dtypes are never read, so they are not counted.
+  // Tensors of unsupported dtypes are never read, so they are not counted, except the
+  // integer tensors of quantized layers.
+  auto quantized_part = [&](const std::string& name) {
+    for (absl::string_view suffix : {".qweight", ".qzeros", ".g_idx"}) {
+      if (absl::EndsWith(name, suffix) &&
+          quantized_.contains(
+              absl::StrCat(name.substr(0, name.size() - suffix.size()), ".weight"))) {
+        return true;
+      }
+    }
+    return false;
+  };
   uint64_t total = 0;
   for (const auto& [name, file] : tensor_to_file_) {
     absl::StatusOr<TensorView> tensor = file->Find(name);
-    if (tensor.ok()) total += tensor->size_bytes;
+    if (tensor.ok()) {
+      total += tensor->size_bytes;
+    } else if (quantized_part(name)) {
+      total += file->FindRaw(name)->size_bytes;
+    }
   }
   return total;
 }

@@ -94,4 +94,24 @@ float HalfToFloat(uint16_t half) {
   return std::bit_cast<float>(bits);
 }
 
+uint16_t FloatToHalf(float value) {
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  bits &= 0x7fffffffu;
+  if (bits >= 0x47800000u) {  // 2^16 or more, Inf or NaN: Inf, or a quiet NaN.
+    return sign | (bits > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  }
+  if (bits < 0x38800000u) {  // Below 2^-14: a subnormal half (or zero).
+    // Adding 0.5 puts the half's 10 mantissa bits at the bottom of the float's, the
+    // float addition rounding to nearest, ties to even, as the conversion must.
+    const float aligned = std::bit_cast<float>(bits) + 0.5f;
+    return sign | static_cast<uint16_t>(std::bit_cast<uint32_t>(aligned) - 0x3f000000u);
+  }
+  // Normal: rebias the exponent and round away the 13 low mantissa bits, ties to even
+  // (a carry out of the mantissa bumps the exponent, up to Inf past 65504).
+  const uint32_t odd = (bits >> 13) & 1u;
+  bits += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + odd;
+  return sign | static_cast<uint16_t>(bits >> 13);
+}
+
 }  // namespace conveyor

@@ -44,5 +44,8 @@ class MappedFile {
 
 // An IEEE binary16 value as float32 (exact: every half is a float); NaN payloads kept.
 float HalfToFloat(uint16_t half);
+// The IEEE binary16 nearest `value` (ties to even, as numpy's float16 cast and the F16C
+// instruction round): Inf past 65504, subnormals below 2^-14, NaN as a quiet NaN.
+uint16_t FloatToHalf(float value);
 
 }  // namespace conveyor

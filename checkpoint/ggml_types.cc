@@ -21,7 +21,7 @@ constexpr GgmlTypeTraits kTypes[] = {
     {GgmlType::kF32, "F32", 1, 4, true},
     {GgmlType::kF16, "F16", 1, 2, true},
     {GgmlType::kQ4_0, "Q4_0", 32, 2 + 16, true},
-    {GgmlType::kQ4_1, "Q4_1", 32, 2 + 2 + 16, false},
+    {GgmlType::kQ4_1, "Q4_1", 32, 2 + 2 + 16, true},
     {GgmlType::kQ5_0, "Q5_0", 32, 2 + 4 + 16, false},
     {GgmlType::kQ5_1, "Q5_1", 32, 2 + 2 + 4 + 16, false},
     {GgmlType::kQ8_0, "Q8_0", 32, 2 + 32, true},
@@ -76,6 +76,17 @@ void DequantizeQ4_0(const std::byte* block, float* y) {
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
     y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+  }
+}
+
+// block_q4_1: half d, half m, uint8 qs[16]. ggml rounds the product, then adds m.
+void DequantizeQ4_1(const std::byte* block, float* y) {
+  const float d = LoadHalf(block);
+  const float m = LoadHalf(block + 2);
+  const uint8_t* qs = Bytes(block + 4);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>(qs[j] & 0x0f) * d + m;
+    y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
   }
 }
 
@@ -184,8 +195,9 @@ GgmlTypeTraits TraitsOf(GgmlType type) {
 
 std::string SupportedGgmlTypes() {
   std::vector<const char*> names;
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
-                        GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+  for (GgmlType type :
+       {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0,
+        GgmlType::kQ4_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
     names.push_back(TraitsOf(type).name);
   }
   return absl::StrJoin(names, ", ");
@@ -222,6 +234,9 @@ absl::Status DequantizeToF32(GgmlType type, const std::byte* src, int64_t count,
       break;
     case GgmlType::kQ4_0:
       dequantize_block = DequantizeQ4_0;
+      break;
+    case GgmlType::kQ4_1:
+      dequantize_block = DequantizeQ4_1;
       break;
     case GgmlType::kQ4_K:
       dequantize_block = DequantizeQ4_K;

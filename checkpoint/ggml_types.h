@@ -65,7 +65,7 @@ struct GgmlTypeTraits {
 std::optional<GgmlTypeTraits> GgmlTypeFromId(uint32_t id);
 // The traits of a known type.
 GgmlTypeTraits TraitsOf(GgmlType type);
-// "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K": the supported types, for messages.
+// "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K": the supported types, for messages.
 std::string SupportedGgmlTypes();
 
 // Converts `count` elements of `type` at `src` (count / block_elements whole blocks) to

@@ -124,8 +124,8 @@ TEST_F(GgufReferenceTest, DequantizesBitForBitLikeGguf) {
   ASSERT_TRUE(file.ok()) << file.status();
   const std::pair<const char*, GgmlType> kTensors[] = {
       {"f32", GgmlType::kF32},   {"f16", GgmlType::kF16},   {"bf16", GgmlType::kBF16},
-      {"q8_0", GgmlType::kQ8_0}, {"q4_0", GgmlType::kQ4_0}, {"q4_k", GgmlType::kQ4_K},
-      {"q5_k", GgmlType::kQ5_K}, {"q6_k", GgmlType::kQ6_K}};
+      {"q8_0", GgmlType::kQ8_0}, {"q4_0", GgmlType::kQ4_0}, {"q4_1", GgmlType::kQ4_1},
+      {"q4_k", GgmlType::kQ4_K}, {"q5_k", GgmlType::kQ5_K}, {"q6_k", GgmlType::kQ6_K}};
   for (const auto& [name, type] : kTensors) {
     SCOPED_TRACE(name);
     const GgufTensorInfo* tensor = (*file)->FindTensor(name);
@@ -159,7 +159,7 @@ TEST_F(GgufReferenceTest, ReadsVersion2) {
   auto file = GgufFile::Parse("v2.gguf", std::as_bytes(std::span(bytes)));
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ((*file)->version(), 2u);
-  EXPECT_EQ((*file)->tensors().size(), 8u);
+  EXPECT_EQ((*file)->tensors().size(), 9u);
 }
 
 // Every prefix of a valid file that cuts into its tensors is an error (DATA_LOSS), never
@@ -337,7 +337,7 @@ struct GgufBuilder {
 };
 
 constexpr uint32_t kU32 = 4, kString = 8, kArray = 9, kBool = 7;
-constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ4_1 = 3;
+constexpr uint32_t kF32 = 0, kQ4_0 = 2, kQ5_0 = 6;
 
 absl::Status ParseStatus(const std::string& image) {
   return GgufFile::Parse("test.gguf", std::as_bytes(std::span(image))).status();
@@ -457,7 +457,7 @@ TEST(GgufErrorsTest, TensorInfoErrors) {
 
 TEST(GgufErrorsTest, UnsupportedTypesParseButDoNotDequantize) {
   GgufBuilder b;
-  b.Tensor("blk.0.ffn_up.weight", {32}, kQ4_1, 0);
+  b.Tensor("blk.0.ffn_up.weight", {32}, kQ5_0, 0);
   b.data_bytes = 32;
   const std::string image = b.Build();
   auto file = GgufFile::Parse("test.gguf", std::as_bytes(std::span(image)));
@@ -465,8 +465,9 @@ TEST(GgufErrorsTest, UnsupportedTypesParseButDoNotDequantize) {
   auto values = (*file)->DequantizeTensor((*file)->tensors()[0]);
   EXPECT_EQ(values.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(values.status().message(),
-              HasSubstr("test.gguf: tensor 'blk.0.ffn_up.weight': tensor type Q4_1 is not "
-                        "supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)"));
+              HasSubstr("test.gguf: tensor 'blk.0.ffn_up.weight': tensor type Q5_0 is not "
+                        "supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, "
+                        "Q6_K)"));
 }
 
 TEST(GgufErrorsTest, OpenNamesTheFile) {

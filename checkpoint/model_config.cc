@@ -13,6 +13,7 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -237,6 +238,79 @@ absl::Status ParseExperts(const ConfigReader& reader, ModelConfig* config) {
   return absl::OkStatus();
 }
 
+// `quantization_config` (transformers' GPTQConfig and AwqConfig; AutoAWQ's own spellings
+// w_bit and q_group_size too): the layouts checkpoint/quantized_linear.h maps to ggml
+// blocks, everything else refused naming the quant_method and what does not map.
+absl::Status ParseQuantization(const nlohmann::json& json, std::string_view source,
+                               ModelConfig* config) {
+  const ConfigReader reader(json, source, "quantization_config.");
+  WeightQuantization& q = config->quantization;
+  RETURN_IF_ERROR(reader.Read("quant_method", Need::kRequired, &q.method_name));
+  const std::string method = absl::AsciiStrToLower(q.method_name);
+  auto refuse = [&](const std::string& key, const std::string& what) {
+    return reader.Error(key, absl::StrCat(what, " (quant_method '", q.method_name,
+                                          "'): Conveyor loads GPTQ (4 or 8 bits) and AWQ (4 "
+                                          "bits, GEMM) where they map to ggml blocks"));
+  };
+  if (method != "gptq" && method != "awq") {
+    return refuse("quant_method", "is not supported");
+  }
+  const bool gptq = method == "gptq";
+  q.method = gptq ? WeightQuantization::Method::kGptq : WeightQuantization::Method::kAwq;
+  const std::string bits_key = !gptq && !reader.Has("bits") ? "w_bit" : "bits";
+  const std::string group_key = !gptq && !reader.Has("group_size") ? "q_group_size" : "group_size";
+  RETURN_IF_ERROR(reader.Read(bits_key, Need::kRequired, &q.bits));
+  q.group_size = 128;  // GPTQConfig's and AwqConfig's default.
+  RETURN_IF_ERROR(reader.Read(group_key, Need::kOptional, &q.group_size));
+  if (q.bits != 4 && !(gptq && q.bits == 8)) {
+    return refuse(
+        bits_key,
+        absl::StrCat(q.bits, " bits are not supported (supported: ", gptq ? "4, 8" : "4", ")"));
+  }
+  if (q.group_size != -1 && (q.group_size <= 0 || q.group_size % 32 != 0)) {
+    return refuse(group_key, absl::StrCat("groups of ", q.group_size,
+                                          " do not map to ggml's blocks of 32 (supported: a "
+                                          "multiple of 32, or -1)"));
+  }
+  if (gptq) {
+    RETURN_IF_ERROR(reader.Read("sym", Need::kOptional, &q.sym));
+    RETURN_IF_ERROR(reader.Read("desc_act", Need::kOptional, &q.desc_act));
+    // GPTQModel writes "format" as well as (or instead of) "checkpoint_format".
+    std::string format = "gptq";
+    const std::string format_key = reader.Has("checkpoint_format") ? "checkpoint_format" : "format";
+    RETURN_IF_ERROR(reader.Read(format_key, Need::kOptional, &format));
+    if (format == "gptq") {
+      q.zero_offset = 1;
+    } else if (format == "gptq_v2") {
+      q.zero_offset = 0;
+    } else {
+      return refuse(format_key,
+                    absl::StrCat("'", format, "' is not supported (supported: gptq, gptq_v2)"));
+    }
+    std::string pack_dtype = "int32";
+    RETURN_IF_ERROR(reader.Read("pack_dtype", Need::kOptional, &pack_dtype));
+    if (pack_dtype != "int32") {
+      return refuse("pack_dtype",
+                    absl::StrCat("'", pack_dtype, "' is not supported (supported: int32)"));
+    }
+    if (q.bits == 8 && !q.sym) {
+      return refuse("sym", "8-bit weights with zero points (sym false) do not map to Q8_0");
+    }
+    config->torch_dtype = q.bits == 8 ? "Q8_0" : q.sym ? "Q4_0" : "Q4_1";
+    return absl::OkStatus();
+  }
+  bool zero_point = true;
+  RETURN_IF_ERROR(reader.Read("zero_point", Need::kOptional, &zero_point));
+  if (!zero_point) return refuse("zero_point", "weights without zero points are not supported");
+  std::string version = "gemm";
+  RETURN_IF_ERROR(reader.Read("version", Need::kOptional, &version));
+  if (absl::AsciiStrToLower(version) != "gemm") {
+    return refuse("version", absl::StrCat("'", version, "' is not supported (supported: gemm)"));
+  }
+  config->torch_dtype = "Q4_1";
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 namespace {
@@ -384,6 +458,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
     config.max_context_tokens = std::min(config.max_context_tokens, sliding_window);
   }
   if (type == "qwen3_moe" || type == "mixtral") RETURN_IF_ERROR(ParseExperts(reader, &config));
+  if (reader.Has("quantization_config")) {
+    if (!json["quantization_config"].is_object()) {
+      return reader.Error("quantization_config", "must be an object or null");
+    }
+    RETURN_IF_ERROR(ParseQuantization(json["quantization_config"], source, &config));
+  }
 
   if (reader.Has("bos_token_id")) {
     RETURN_IF_ERROR(reader.Read("bos_token_id", Need::kRequired, &config.bos_token_id));

@@ -37,6 +37,25 @@ enum class MoeNaming {
   kMixtral,  // block_sparse_moe.gate, block_sparse_moe.experts.E.{w1,w3,w2}.
 };
 
+// How a GPTQ or AWQ checkpoint's linear layers are packed (`quantization_config` in
+// config.json), for checkpoint/quantized_linear.h. Parsed only where the layout maps to
+// ggml blocks (docs/cpu-weights.md): anything else is refused when the config is parsed.
+struct WeightQuantization {
+  enum class Method { kNone, kGptq, kAwq };
+  Method method = Method::kNone;
+  int bits = 0;        // 4 or 8 (GPTQ); 4 (AWQ).
+  int group_size = 0;  // Input weights per scale and zero point (a multiple of 32), or -1: a row.
+  bool sym = true;     // GPTQ: symmetric (every zero point 2^(bits-1)).
+  // GPTQ's act-order: loads only where each layer's g_idx is the identity (checked per
+  // tensor at load).
+  bool desc_act = false;
+  // What to add to a stored zero point: 1 for GPTQ's v1 checkpoint_format ("gptq", which
+  // AutoGPTQ and transformers write: zeros minus one), 0 for "gptq_v2" and AWQ.
+  int zero_offset = 0;
+  // The quant_method as written, for messages.
+  std::string method_name;
+};
+
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM".
   std::string model_type;    // One of SupportedModelTypes().
@@ -76,9 +95,13 @@ struct ModelConfig {
 
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
-  // As declared; for a GGUF file its layers' weight type (WeightDtypeOfGguf: "Q4_K", ...).
-  // Picks the CPU weight storage under --cpu_weight_dtype=auto.
+  // As declared; for a GGUF file its layers' weight type (WeightDtypeOfGguf: "Q4_K", ...),
+  // for a GPTQ/AWQ checkpoint the ggml block its layers map to ("Q4_0" for symmetric
+  // 4-bit GPTQ, "Q4_1" for other 4-bit, "Q8_0" for 8-bit). Picks the CPU weight storage
+  // under --cpu_weight_dtype=auto.
   std::string torch_dtype;
+  // GPTQ/AWQ packing of the linear layers (kNone for a float checkpoint).
+  WeightQuantization quantization;
 
   bool IsSparseLayer(int layer) const {
     return layer < static_cast<int>(sparse_layers.size()) && sparse_layers[layer];

@@ -27,6 +27,18 @@ std::optional<DType> ParseDType(const std::string& name) {
   return std::nullopt;
 }
 
+// Bytes per element of every dtype safetensors defines, or 0 for another.
+size_t ElementBytes(const std::string& dtype) {
+  if (std::optional<DType> known = ParseDType(dtype)) return DTypeSize(*known);
+  static constexpr std::pair<const char*, size_t> kOthers[] = {
+      {"F64", 8}, {"I64", 8}, {"U64", 8}, {"I32", 4},  {"U32", 4},     {"I16", 2},
+      {"U16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+  for (const auto& [name, bytes] : kOthers) {
+    if (dtype == name) return bytes;
+  }
+  return 0;
+}
+
 absl::Status Corrupt(const std::string& path, absl::string_view problem) {
   return absl::DataLossError(absl::StrCat(path, ": ", problem));
 }
@@ -51,7 +63,8 @@ bool ReadNonNegativeInts(const nlohmann::json& value, std::vector<int64_t>* out)
 }
 
 // Validates one header entry against a data section of `data_bytes` and stores its
-// fields. An unknown dtype is kept as written; its size cannot be checked.
+// fields. A dtype safetensors does not define is kept as written; its size cannot be
+// checked.
 absl::Status ParseEntry(const std::string& path, const std::string& name,
                         const nlohmann::json& value, size_t data_bytes, std::string* dtype,
                         std::vector<int64_t>* shape, size_t* begin, size_t* end) {
@@ -84,8 +97,8 @@ absl::Status ParseEntry(const std::string& path, const std::string& name,
   }
   *begin = static_cast<size_t>(offsets[0]);
   *end = static_cast<size_t>(offsets[1]);
-  if (std::optional<DType> known = ParseDType(*dtype)) {
-    uint64_t expected_bytes = DTypeSize(*known);
+  if (const size_t element_bytes = ElementBytes(*dtype); element_bytes != 0) {
+    uint64_t expected_bytes = element_bytes;
     bool overflow = false;
     for (int64_t dim : *shape) {
       overflow |=
@@ -207,6 +220,16 @@ absl::StatusOr<TensorView> SafetensorsFile::Find(const std::string& name) const 
   view.data = data_section_ + entry.begin;
   view.size_bytes = entry.end - entry.begin;
   return view;
+}
+
+absl::StatusOr<RawTensorView> SafetensorsFile::FindRaw(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat(path_, ": no tensor '", name, "'"));
+  }
+  const Entry& entry = it->second;
+  return RawTensorView{name, entry.dtype, entry.shape, data_section_ + entry.begin,
+                       entry.end - entry.begin};
 }
 
 bool SafetensorsFile::Contains(const std::string& name) const { return entries_.contains(name); }

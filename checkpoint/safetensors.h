@@ -36,6 +36,16 @@ struct TensorView {
   int64_t NumElements() const;
 };
 
+// A tensor of any dtype, as stored: for the integer tensors of GPTQ and AWQ checkpoints
+// (qweight, qzeros, g_idx: "I32"), which Find refuses.
+struct RawTensorView {
+  std::string name;
+  std::string dtype;  // As written: "I32", "F16", ...
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;
+  size_t size_bytes = 0;
+};
+
 class SafetensorsFile {
  public:
   // Maps `path` and validates its header. Unsupported dtypes (anything but F32, F16,
@@ -53,6 +63,10 @@ class SafetensorsFile {
 
   // Returns the tensor called `name`, or NOT_FOUND naming the file.
   absl::StatusOr<TensorView> Find(const std::string& name) const;
+  // The tensor called `name` whatever its dtype, or NOT_FOUND naming the file. Its size
+  // was checked against its shape when the file was opened where the dtype is one of
+  // safetensors' (F64 ... BOOL), else not at all.
+  absl::StatusOr<RawTensorView> FindRaw(const std::string& name) const;
   bool Contains(const std::string& name) const;
   std::vector<std::string> TensorNames() const;
   const std::string& path() const { return path_; }

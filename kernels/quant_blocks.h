@@ -12,18 +12,21 @@ namespace conveyor::kernels {
 enum class QuantBlockType {
   kQ8_0,  // 32 weights: fp16 d, int8 q[32]. w = d·q.
   kQ4_0,  // 32 weights: fp16 d, 4-bit q[32]. w = d·(q − 8).
+  kQ4_1,  // 32 weights: fp16 d, fp16 m, 4-bit q[32]. w = d·q + m.
   kQ4_K,  // 256 weights: fp16 d, dmin, 6-bit scale and min per 32, 4-bit q.
   kQ5_K,  // 256 weights: as Q4_K with 5-bit q.
   kQ6_K,  // 256 weights: 6-bit q, int8 scale per 16, fp16 d. w = d·sc·(q − 32).
 };
 
-// ggml's name: "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K".
+// ggml's name: "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K".
 constexpr const char* QuantBlockTypeName(QuantBlockType type) {
   switch (type) {
     case QuantBlockType::kQ8_0:
       return "Q8_0";
     case QuantBlockType::kQ4_0:
       return "Q4_0";
+    case QuantBlockType::kQ4_1:
+      return "Q4_1";
     case QuantBlockType::kQ4_K:
       return "Q4_K";
     case QuantBlockType::kQ5_K:
@@ -36,7 +39,10 @@ constexpr const char* QuantBlockTypeName(QuantBlockType type) {
 
 // Weights per block: 32 or 256.
 constexpr int QuantBlockElements(QuantBlockType type) {
-  return type == QuantBlockType::kQ8_0 || type == QuantBlockType::kQ4_0 ? 32 : 256;
+  return type == QuantBlockType::kQ8_0 || type == QuantBlockType::kQ4_0 ||
+                 type == QuantBlockType::kQ4_1
+             ? 32
+             : 256;
 }
 
 // Bytes per block.
@@ -46,6 +52,8 @@ constexpr int QuantBlockBytes(QuantBlockType type) {
       return 34;
     case QuantBlockType::kQ4_0:
       return 18;
+    case QuantBlockType::kQ4_1:
+      return 20;
     case QuantBlockType::kQ4_K:
       return 144;
     case QuantBlockType::kQ5_K:

@@ -99,6 +99,27 @@ ExpertNames ExpertTensorNames(const ModelConfig& c, int layer, int e) {
           LayerName(layer, (expert + "down_proj").c_str())};
 }
 
+// The kernels' block type of ggml type `type`, where they have one.
+std::optional<kernels::QuantBlockType> QuantBlockTypeOf(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ8_0:
+      return kernels::QuantBlockType::kQ8_0;
+    case GgmlType::kQ4_0:
+      return kernels::QuantBlockType::kQ4_0;
+    case GgmlType::kQ4_1:
+      return kernels::QuantBlockType::kQ4_1;
+    case GgmlType::kQ4_K:
+      return kernels::QuantBlockType::kQ4_K;
+    case GgmlType::kQ5_K:
+      return kernels::QuantBlockType::kQ5_K;
+    case GgmlType::kQ6_K:
+      return kernels::QuantBlockType::kQ6_K;
+    default:
+      return std::nullopt;
+  }
+}
+
+// A Hugging Face directory; a GPTQ/AWQ layer's weight comes in the blocks it maps to.
 class CheckpointSource final : public WeightSource {
  public:
   explicit CheckpointSource(std::unique_ptr<Checkpoint> ckpt) : ckpt_(std::move(ckpt)) {}
@@ -110,6 +131,22 @@ class CheckpointSource final : public WeightSource {
   absl::Status ReadF32Slice(const std::string& name, const std::vector<int64_t>& shape, int dim,
                             int64_t begin, int64_t end, float* out) const override {
     return ckpt_->ReadF32Slice(name, shape, dim, begin, end, out);
+  }
+  absl::Status ReadQuantizedRows(const std::string& name, const std::vector<int64_t>& shape,
+                                 int64_t row_begin, int64_t row_end, int64_t col_begin,
+                                 int64_t col_end, kernels::QuantBlockType* type,
+                                 std::vector<std::byte>* out) const override {
+    absl::StatusOr<GgmlType> ggml = ckpt_->QuantizedTypeOf(name);
+    if (!ggml.ok()) return absl::UnimplementedError(absl::StrCat(name, " is not quantized"));
+    const kernels::QuantBlockType quant = *QuantBlockTypeOf(*ggml);
+    const int64_t block = kernels::QuantBlockElements(quant);
+    if (col_begin % block != 0 || col_end % block != 0) {
+      return absl::UnimplementedError(absl::StrCat("columns [", col_begin, ", ", col_end, ") of ",
+                                                   name, " are not whole ", TraitsOf(*ggml).name,
+                                                   " blocks"));
+    }
+    *type = quant;
+    return ckpt_->ReadBlocks(name, shape, row_begin, row_end, col_begin, col_end, out);
   }
 
  private:
@@ -149,23 +186,6 @@ class GgufSource final : public WeightSource {
   }
 
  private:
-  static std::optional<kernels::QuantBlockType> QuantBlockTypeOf(GgmlType type) {
-    switch (type) {
-      case GgmlType::kQ8_0:
-        return kernels::QuantBlockType::kQ8_0;
-      case GgmlType::kQ4_0:
-        return kernels::QuantBlockType::kQ4_0;
-      case GgmlType::kQ4_K:
-        return kernels::QuantBlockType::kQ4_K;
-      case GgmlType::kQ5_K:
-        return kernels::QuantBlockType::kQ5_K;
-      case GgmlType::kQ6_K:
-        return kernels::QuantBlockType::kQ6_K;
-      default:
-        return std::nullopt;
-    }
-  }
-
   std::unique_ptr<GgufWeights> gguf_;
 };
 
@@ -217,7 +237,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     return Create(config, GgufSource(std::move(gguf)), backend, comm);
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, Checkpoint::Open(model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt,
+                   Checkpoint::Open(model_dir, config.quantization));
   return Create(config, CheckpointSource(std::move(ckpt)), backend, comm);
 }
 

@@ -105,7 +105,8 @@ absl::StatusOr<ModelConfig> LoadCheckpointConfig(const std::string& path);
 class LlamaModel {
  public:
   // Loads rank comm->rank()'s shard of the checkpoint in `model_dir` (a Hugging Face
-  // safetensors directory, or a path ending in ".gguf": one GGUF file,
+  // safetensors directory, whose GPTQ/AWQ layers come as the ggml blocks they map to,
+  // checkpoint/quantized_linear.h, or a path ending in ".gguf": one GGUF file,
   // checkpoint/gguf_weights.h, whose block-quantized linear weights stay in their blocks
   // where the backend's PackLinearQuantized takes them, else are dequantized) onto `backend`;
   // a null `comm` means one rank. `backend` and `comm` must outlive the model. Every

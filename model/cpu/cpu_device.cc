@@ -140,9 +140,12 @@ absl::StatusOr<CpuKvChoice> ParseCpuKvChoice(std::string_view name) {
 
 namespace {
 
-// Whether a checkpoint's layer matrices are GGUF blocks the CPU kernels compute on.
+// Whether a checkpoint's layer matrices are in ggml blocks (a GGUF file's, or the blocks a
+// GPTQ/AWQ checkpoint maps to: ModelConfig::torch_dtype). The CPU kernels compute on them
+// under --cpu_weight_dtype=gguf where PackLinearQuantized takes the type, else they are
+// dequantized (ReadF32Slice) and stored as int8.
 bool BlockQuantized(std::string_view torch_dtype) {
-  for (std::string_view type : {"Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"}) {
+  for (std::string_view type : {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}) {
     if (torch_dtype == type) return true;
   }
   return false;

@@ -5,10 +5,11 @@ the same metadata keys, tensor names (Mixtral's experts merged into blk.N.ffn_*_
 and for the llama architecture the Q/K row permutation of LlamaModel.permute. Used by
 tests/worker/gguf_model_test.cc to load the same weights from both formats.
 
-  hf_to_gguf.py --model DIR --out FILE.gguf [--type f32|q8_0]
+  hf_to_gguf.py --model DIR --out FILE.gguf [--type f32|q8_0|q4_1|q5_0]
 
 --type q8_0 quantizes every matrix whose rows are whole Q8_0 blocks (as convert does,
-the rest, vectors included, stay F32); --type q4_1 likewise with a type Conveyor refuses.
+the rest, vectors included, stay F32); --type q4_1 likewise; --type q5_0 likewise with a
+type Conveyor refuses.
 
 The checkpoint's tokenizer.model goes in as convert_hf_to_gguf's _set_vocab_sentencepiece
 writes it (tokenizer.ggml.model "llama", the pieces, scores and token types, the unknown
@@ -145,7 +146,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--type", choices=["f32", "q8_0", "q4_1"], default="f32")
+    p.add_argument("--type", choices=["f32", "q8_0", "q4_1", "q5_0"], default="f32")
     p.add_argument("--chat-template", help="tokenizer.chat_template to write")
     args = p.parse_args()
     with open(os.path.join(args.model, "config.json")) as f:
@@ -182,7 +183,7 @@ def main():
 
     def add(name, values):
         values = np.ascontiguousarray(values, dtype=np.float32)
-        qtype = {"q8_0": T.Q8_0, "q4_1": T.Q4_1}.get(args.type)
+        qtype = {"q8_0": T.Q8_0, "q4_1": T.Q4_1, "q5_0": T.Q5_0}.get(args.type)
         if qtype is not None and values.ndim >= 2 and values.shape[-1] % 32 == 0:
             w.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
         else:

@@ -6,7 +6,7 @@ llama.cpp's own writer), and the reference dequantization of every tensor in the
   make_gguf.py --seeds tests/fuzz/corpus/gguf_fuzzer   # the fuzzer's seed corpus
 
 DIR/types.gguf: metadata of every value type (nested arrays too) and one tensor per
-supported ggml type. F32/F16/BF16/Q8_0/Q4_0 are quantized by gguf.quants.quantize from
+supported ggml type. F32/F16/BF16/Q8_0/Q4_0/Q4_1 are quantized by gguf.quants.quantize from
 random floats; gguf cannot quantize K-quants, so Q4_K/Q5_K/Q6_K tensors are random block
 bytes whose fp16 scales are finite. DIR/<tensor>.f32 holds gguf.quants.dequantize of each
 tensor's bytes (float32, row-major), the values the C++ dequantization must equal bit for
@@ -62,6 +62,7 @@ def write_types(out, rng, rows=ROWS, cols=COLS, name="types.gguf"):
         "bf16": (gguf.quants.quantize(floats, T.BF16), T.BF16),
         "q8_0": (gguf.quants.quantize(floats, T.Q8_0), T.Q8_0),
         "q4_0": (gguf.quants.quantize(floats, T.Q4_0), T.Q4_0),
+        "q4_1": (gguf.quants.quantize(floats, T.Q4_1), T.Q4_1),
         "q4_k": (random_k_blocks(rng, T.Q4_K, rows, cols), T.Q4_K),
         "q5_k": (random_k_blocks(rng, T.Q5_K, rows, cols), T.Q5_K),
         "q6_k": (random_k_blocks(rng, T.Q6_K, rows, cols), T.Q6_K),
