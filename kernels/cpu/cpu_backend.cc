@@ -204,11 +204,6 @@ class CpuBackend final : public Backend {
     }
     int out = 0;
     for (const QuantizedRows& p : parts) {
-      // No kernel computes on Q4_1 yet: the caller dequantizes those weights instead.
-      if (p.type == QuantBlockType::kQ4_1) {
-        return absl::UnimplementedError(
-            absl::StrCat(name(), " has no kernel for ", QuantBlockTypeName(p.type), " blocks"));
-      }
       if (in <= 0 || in % QuantBlockElements(p.type) != 0 || p.rows < 0) {
         return absl::InvalidArgumentError(absl::StrCat("PackLinearQuantized: ", in,
                                                        " inputs are not whole ",

@@ -173,11 +173,14 @@ void PackPanels(const QuantizedRows& part, int k, uint8_t* dst) {
           for (int i = 0; i < 32; ++i) at(i / 4, i % 4) = blk[2 + i];
           std::memcpy(meta + 2 * r, blk, 2);
           break;
-        case QuantBlockType::kQ4_0: {
+        case QuantBlockType::kQ4_0:
+        case QuantBlockType::kQ4_1: {
+          const bool q41 = type == QuantBlockType::kQ4_1;
+          const uint8_t* qs = blk + (q41 ? 4 : 2);
           uint8_t v[32];
           for (int i = 0; i < 16; ++i) {
-            v[i] = blk[2 + i] & 0x0f;
-            v[i + 16] = blk[2 + i] >> 4;
+            v[i] = qs[i] & 0x0f;
+            v[i + 16] = qs[i] >> 4;
           }
           for (int c = 0; c < 4; ++c) {
             for (int i = 0; i < 4; ++i) {
@@ -185,6 +188,7 @@ void PackPanels(const QuantizedRows& part, int k, uint8_t* dst) {
             }
           }
           std::memcpy(meta + 2 * r, blk, 2);
+          if (q41) std::memcpy(meta + 32 + 2 * r, blk + 2, 2);
           break;
         }
         case QuantBlockType::kQ4_K:
@@ -238,18 +242,21 @@ void QuantTilePortable(QuantBlockType type, const QuantizedActivations& a, int r
       for (int b = 0; b < blocks; ++b) {
         const uint8_t* blk = wr + static_cast<size_t>(b) * block_bytes;
         const int8_t* xb = xq + b * block;
-        if (type == QuantBlockType::kQ8_0 || type == QuantBlockType::kQ4_0) {
+        if (block == 32) {
           int sum = 0;
+          const int xsum = bs[2 * b] + bs[2 * b + 1];
           if (type == QuantBlockType::kQ8_0) {
             for (int i = 0; i < 32; ++i) sum += static_cast<int8_t>(blk[2 + i]) * xb[i];
           } else {
-            for (int i = 0; i < 16; ++i) {
-              sum += (blk[2 + i] & 0x0f) * xb[i] + (blk[2 + i] >> 4) * xb[i + 16];
-            }
-            sum -= 8 * (bs[2 * b] + bs[2 * b + 1]);
+            const uint8_t* qs = blk + (type == QuantBlockType::kQ4_1 ? 4 : 2);
+            for (int i = 0; i < 16; ++i) sum += (qs[i] & 0x0f) * xb[i] + (qs[i] >> 4) * xb[i + 16];
+            if (type == QuantBlockType::kQ4_0) sum -= 8 * xsum;
           }
-          const float scale = HalfBitsToFloat(LoadU16(blk)) * xd[b];
-          acc = std::fma(static_cast<float>(sum), scale, acc);
+          const float dx = xd[b];
+          acc = std::fma(static_cast<float>(sum), HalfBitsToFloat(LoadU16(blk)) * dx, acc);
+          if (type == QuantBlockType::kQ4_1) {
+            acc = std::fma(static_cast<float>(xsum), HalfBitsToFloat(LoadU16(blk + 2)) * dx, acc);
+          }
           continue;
         }
         UnpackK(type, blk, &kb);

@@ -1,12 +1,14 @@
-// Batch-invariant GEMM on GGUF block-quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K):
+// Batch-invariant GEMM on GGUF block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
+// Q6_K):
 // Y[m, n] = X[m, k] · Wᵀ + b with W kept in its blocks, never widened in memory.
 //
 // The arithmetic is llama.cpp's: each row of X is quantized to int8 in blocks (32
-// values for Q8_0/Q4_0, 256 for the K types; one float scale per block, symmetric, round
+// values for Q8_0/Q4_0/Q4_1, 256 for the K types; one float scale per block, symmetric, round
 // to nearest even), each weight block's dot product with its activation block is summed
 // in integers (exact), and the integer sums are combined in float32 per block:
 //
 //   Q8_0, Q4_0:  acc = fma(float(Σ q_w·q_x [− 8·Σ q_x]), d_w·d_x, acc)
+//   Q4_1:        acc = fma(float(Σ q_w·q_x), d_w·d_x, acc); acc = fma(float(Σ q_x), m_w·d_x, acc)
 //   Q4_K, Q5_K:  acc = fma(float(Σ_j sc_j·Σ q_w·q_x), d·d_x, acc);
 //                acc = fma(float(Σ_j m_j·Σ q_x), −(dmin·d_x), acc)       (j: sub-blocks)
 //   Q6_K:        acc = fma(float(Σ_j sc_j·(Σ q_w·q_x − 32·Σ q_x)), d·d_x, acc)

@@ -146,6 +146,7 @@ void QuantTile(QuantBlockType type, const QuantizedActivations& a, int r0, int r
 
   if (block == 32) {
     const bool q8 = type == QuantBlockType::kQ8_0;
+    const bool q41 = type == QuantBlockType::kQ4_1;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i wq[kQuantTileOutputs], wabs[kQuantTileOutputs];
     for (int b = 0; b < blocks; ++b) {
@@ -156,12 +157,16 @@ void QuantTile(QuantBlockType type, const QuantizedActivations& a, int r0, int r
           wq[o] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
           wabs[o] = _mm256_abs_epi8(wq[o]);
         } else {
-          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+          if (q41) dmin_bits[o] = LoadHalfBits(blk + 2);  // Q4_1's m.
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q41 ? 4 : 2)));
           wabs[o] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v),
                                      m4);  // Weights 0-15, 16-31.
         }
       }
       const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d_bits)));
+      const __m256 mw =
+          q41 ? _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dmin_bits)))
+              : _mm256_setzero_ps();
       for (int r = 0; r < rows; ++r) {
         const size_t xr = static_cast<size_t>(r0) + r;
         const __m256i xv =
@@ -170,12 +175,14 @@ void QuantTile(QuantBlockType type, const QuantizedActivations& a, int r0, int r
           dots[o] = q8 ? DotU8S8(wabs[o], _mm256_sign_epi8(xv, wq[o])) : DotU8S8(wabs[o], xv);
         }
         __m256i sum = Sum8(dots);
-        if (!q8) {
-          const int16_t* bs = a.bsum16 + xr * (k / 16) + 2 * b;
-          sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * (bs[0] + bs[1])));
+        const int16_t* bs = a.bsum16 + xr * (k / 16) + 2 * b;
+        if (!q8 && !q41) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(8 * (bs[0] + bs[1])));
+        const __m256 dx = _mm256_set1_ps(a.d[xr * x_blocks + b]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, dx), acc[r]);
+        if (q41) {
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(bs[0] + bs[1])),
+                                   _mm256_mul_ps(mw, dx), acc[r]);
         }
-        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[xr * x_blocks + b]));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[r]);
       }
     }
   } else {

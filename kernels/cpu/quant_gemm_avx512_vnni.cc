@@ -40,7 +40,8 @@ inline __m512 Halves(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Q8_0 and Q4_0: per 32 weights, acc = fma(float(Σ q_w·q_x [− 8·Σ q_x]), d_w·d_x, acc).
+// Q8_0, Q4_0, Q4_1: per 32 weights, acc = fma(float(Σ q_w·q_x [− 8·Σ q_x]), d_w·d_x, acc)
+// [Q4_1: then acc = fma(float(Σ q_x), m_w·d_x, acc)].
 template <int R>
 void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const uint8_t* panel,
               __m512 (&acc)[R]) {
@@ -54,7 +55,9 @@ void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const 
   // (128 or 8 times the activations' sum) comes off the exact integer sum.
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i low4 = _mm512_set1_epi8(0x0f);
-  const int offset = q8 ? 128 : 8;
+  const bool q41 = type == QuantBlockType::kQ4_1;
+  const int meta_bytes = PanelMetaBytes(type);
+  const int offset = q8 ? 128 : q41 ? 0 : 8;
   const int8_t* x[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) x[r] = a.q + static_cast<size_t>(r0 + r) * k;
@@ -90,13 +93,18 @@ void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const 
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], dot2[r]);
-    const __m512 dw = Halves(meta + 32 * b);
+    const uint8_t* mb = meta + static_cast<size_t>(b) * meta_bytes;
+    const __m512 dw = Halves(mb);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const size_t at = static_cast<size_t>(r0 + r) * blocks + b;
       const __m512i sum = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(offset * a.bsum32[at]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])),
-                               acc[r]);
+      const __m512 dx = _mm512_set1_ps(a.d[at]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, dx), acc[r]);
+      if (q41) {
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(a.bsum32[at])),
+                                 _mm512_mul_ps(Halves(mb + 32), dx), acc[r]);
+      }
     }
   }
 }

@@ -59,9 +59,10 @@ QuantLevel ActiveQuantLevel();
 //
 //   chunk c of a block's q part (64 bytes): byte 4·r + i is row r's weight
 //     8-bit (Q8_0 as int8; Q5_K, Q6_K as their unsigned values): 4c + i of the block;
-//     4-bit (Q4_0, Q4_K): low nibble 8c + i, high nibble 8c + 4 + i.
+//     4-bit (Q4_0, Q4_1, Q4_K): low nibble 8c + i, high nibble 8c + 4 + i.
 //   meta, 16 entries per field, entry r for row r:
 //     Q8_0, Q4_0:  fp16 d                                           (32 bytes)
+//     Q4_1:        fp16 d; fp16 m                                   (64 bytes)
 //     Q4_K, Q5_K:  u8 scale[8 sub-blocks][16]; u8 min[4 pairs][16][2] (sub-blocks 2p,
 //                  2p + 1); fp16 d; fp16 dmin                       (320 bytes)
 //     Q6_K:        int8 scale[16 sixteens][16]; fp16 d              (288 bytes)
@@ -76,6 +77,7 @@ constexpr int PanelQBytes(QuantBlockType type) {
     case QuantBlockType::kQ8_0:
       return 512;
     case QuantBlockType::kQ4_0:
+    case QuantBlockType::kQ4_1:
       return 256;
     case QuantBlockType::kQ4_K:
       return 2048;
@@ -90,6 +92,8 @@ constexpr int PanelMetaBytes(QuantBlockType type) {
     case QuantBlockType::kQ8_0:
     case QuantBlockType::kQ4_0:
       return 32;
+    case QuantBlockType::kQ4_1:
+      return 64;
     case QuantBlockType::kQ4_K:
     case QuantBlockType::kQ5_K:
       return 320;

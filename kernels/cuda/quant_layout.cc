@@ -62,6 +62,15 @@ void DecodeBlock(QuantBlockType type, const uint8_t* block, uint8_t* codes, floa
       }
       return;
     }
+    case QuantBlockType::kQ4_1: {  // half d, half m, qs[16]; w = q·d + m: min −m.
+      scales[0] = LoadHalf(block);
+      mins[0] = -LoadHalf(block + 2);
+      for (int j = 0; j < 16; ++j) {
+        codes[j] = block[4 + j] & 0x0f;
+        codes[j + 16] = block[4 + j] >> 4;
+      }
+      return;
+    }
     case QuantBlockType::kQ4_K:    // half d, half dmin, scales[12], qs[128].
     case QuantBlockType::kQ5_K: {  // The same, with qh[32] before qs.
       const float d = LoadHalf(block);
@@ -125,6 +134,8 @@ GpuQuantFormat GpuQuantFormatOf(QuantBlockType type) {
       return {.bits = 8, .group = 32, .zero = 128, .has_min = false};  // Codes are q + 128.
     case QuantBlockType::kQ4_0:
       return {.bits = 4, .group = 32, .zero = 8, .has_min = false};
+    case QuantBlockType::kQ4_1:
+      return {.bits = 4, .group = 32, .zero = 0, .has_min = true};
     case QuantBlockType::kQ4_K:
       return {.bits = 4, .group = 32, .zero = 0, .has_min = true};
     case QuantBlockType::kQ5_K:
@@ -139,6 +150,7 @@ absl::StatusOr<GpuQuantRows> RepackQuantizedRows(const QuantizedRows& part, int 
   switch (part.type) {
     case QuantBlockType::kQ8_0:
     case QuantBlockType::kQ4_0:
+    case QuantBlockType::kQ4_1:
     case QuantBlockType::kQ4_K:
     case QuantBlockType::kQ5_K:
     case QuantBlockType::kQ6_K:

@@ -18,12 +18,12 @@
 //
 // The cost is bytes: 5-bit and 6-bit codes take a byte, and a float scale (and min) per
 // group replaces ggml's packed ones. Bits per weight, ggml → here: Q8_0 8.5 → 9, Q4_0
-// 4.5 → 5, Q4_K 4.5 → 6, Q5_K 5.5 → 10, Q6_K 6.56 → 10 (bf16: 16).
+// 4.5 → 5, Q4_1 5 → 6, Q4_K 4.5 → 6, Q5_K 5.5 → 10, Q6_K 6.56 → 10 (bf16: 16). Q4_1's
+// w = d·q + m is bits 4, group 32, zero 0 and min −m: d·q − (−m) is d·q + m exactly.
 //
 // Adding a block type: a case in GpuQuantFormatOf and one in the block decoder
 // (quant_layout.cc); the kernels need nothing new if its codes fit 4 or 8 bits and its
-// groups are a multiple of 8 weights. (Q4_1, w = d·q + m: bits 4, group 32, zero 0, min
-// stored as −m, which keeps the result bit for bit.)
+// groups are a multiple of 8 weights.
 //
 // No CUDA headers: the worker-side code and the CPU tests use this.
 #pragma once

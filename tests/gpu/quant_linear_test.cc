@@ -41,8 +41,8 @@ namespace {
 constexpr int kGemvTokens = cuda::kMaxQuantGemvTokens;
 
 constexpr QuantBlockType kTypes[] = {QuantBlockType::kQ8_0, QuantBlockType::kQ4_0,
-                                     QuantBlockType::kQ4_K, QuantBlockType::kQ5_K,
-                                     QuantBlockType::kQ6_K};
+                                     QuantBlockType::kQ4_1, QuantBlockType::kQ4_K,
+                                     QuantBlockType::kQ5_K, QuantBlockType::kQ6_K};
 
 GgmlType GgmlOf(QuantBlockType type) {
   switch (type) {
@@ -50,6 +50,8 @@ GgmlType GgmlOf(QuantBlockType type) {
       return GgmlType::kQ8_0;
     case QuantBlockType::kQ4_0:
       return GgmlType::kQ4_0;
+    case QuantBlockType::kQ4_1:
+      return GgmlType::kQ4_1;
     case QuantBlockType::kQ4_K:
       return GgmlType::kQ4_K;
     case QuantBlockType::kQ5_K:
@@ -80,6 +82,10 @@ std::vector<uint8_t> RandomBlocks(QuantBlockType type, int rows, int k, std::mt1
       case QuantBlockType::kQ8_0:
       case QuantBlockType::kQ4_0:
         PutHalf(block, RandomHalf(rng));
+        break;
+      case QuantBlockType::kQ4_1:
+        PutHalf(block, RandomHalf(rng));
+        PutHalf(block + 2, RandomHalf(rng));  // m: either sign.
         break;
       case QuantBlockType::kQ4_K:
       case QuantBlockType::kQ5_K:

@@ -34,8 +34,8 @@ constexpr int kNumBlocks = 64;
 constexpr int kGreedyTokens = 32;
 // Q8_0 logits against the float model's, relative (‖a − b‖ / ‖b‖), worst position.
 constexpr double kQ8MaxRelativeError = 0.05;
-// A Q4_1 file's logits stored as int8 against the same file at f32, the same way.
-constexpr double kQ4_1Int8MaxRelativeError = 0.04;
+// A Q4_1 file's logits, kept or stored as int8, against the same file at f32, the same way.
+constexpr double kQ4_1MaxRelativeError = 0.04;
 
 std::string SourceRoot() {
   return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
@@ -179,13 +179,12 @@ TEST_P(GgufModelTest, EveryTensorAndSliceEqualsTheSafetensorsOne) {
 }
 
 // A Q4_1 file (the block GPTQ/AWQ checkpoints with zero points map to) serves as the other
-// block types do before the CPU has a kernel for it: --cpu_weight_dtype=auto stores its
-// layers as int8, and with the blocks kept the backend refuses Q4_1, so they are
-// dequantized: the same bits as the f32 load (whose dequantization gguf_test checks bit
-// for bit). Measured: int8 against f32 of the same file 1.7% relative logit error (worst
-// position); f32 against the float model 28% (4-bit embeddings, tied: every logit is a
-// dot product with a 4-bit row), only a sanity bound here.
-TEST(GgufQ4_1Test, ServesDequantizedAsInt8OrF32) {
+// block types do: its blocks computed on (kept), or dequantized to int8 or f32. Measured
+// against f32 of the same file (whose dequantization gguf_test checks bit for bit): kept
+// 1.6% and int8 1.7% relative logit error (worst position); f32 against the float model
+// 28% (4-bit embeddings, tied: every logit is a dot product with a 4-bit row), only a
+// sanity bound here.
+TEST(GgufQ4_1Test, ServesKeptOrDequantized) {
   const std::string variant = "tied_mha_bf16_sharded";
   TestTempDir dir;
   const std::string path = WriteGguf(dir, variant, "q4_1");
@@ -193,38 +192,40 @@ TEST(GgufQ4_1Test, ServesDequantizedAsInt8OrF32) {
   absl::StatusOr<ModelConfig> config = model::LoadCheckpointConfig(path);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->torch_dtype, "Q4_1");
-  EXPECT_EQ(model::ResolveCpuWeightDtype(model::CpuWeightChoice::kAuto, config->torch_dtype),
-            kernels::CpuWeightDtype::kInt8);
+  EXPECT_TRUE(model::KeepsQuantizedWeights(model::CpuWeightChoice::kGguf, config->torch_dtype));
   auto hf = LocalWorker::Create(TestModelDir(variant), 2, kNumBlocks, kBlockSize);
   auto f32 = LocalWorker::Create(path, 2, kNumBlocks, kBlockSize);
   auto kept = LocalWorker::Create(path, 2, kNumBlocks, kBlockSize, kernels::CpuWeightDtype::kF32,
                                   kernels::CpuKvDtype::kF32, /*keep_quantized=*/true);
   auto int8 = LocalWorker::Create(path, 2, kNumBlocks, kBlockSize, kernels::CpuWeightDtype::kInt8);
   ASSERT_TRUE(hf && f32 && kept && int8);
-  EXPECT_EQ(kept->model->weight_bytes(), f32->model->weight_bytes());
+  EXPECT_LT(kept->model->weight_bytes(), f32->model->weight_bytes());
   const Reference ref = LoadReference(variant);
   ASSERT_FALSE(ref.prompts.empty());
   const int vocab = hf->model->config().vocab_size;
-  double float_model_error = 0, int8_error = 0;
+  double float_model_error = 0, int8_error = 0, kept_error = 0;
   for (const std::vector<int32_t>& prompt : ref.prompts) {
     const std::vector<float> want = PrefillLogits(*hf, prompt);
     const std::vector<float> got = PrefillLogits(*f32, prompt);
     const std::vector<float> got_kept = PrefillLogits(*kept, prompt);
     const std::vector<float> got_int8 = PrefillLogits(*int8, prompt);
-    ASSERT_EQ(got_kept, got);
     for (size_t t = 0; t < prompt.size(); ++t) {
       const size_t at = t * vocab;
       float_model_error =
           std::max(float_model_error, RelativeError(got.data() + at, want.data() + at, vocab));
       int8_error =
           std::max(int8_error, RelativeError(got_int8.data() + at, got.data() + at, vocab));
+      kept_error =
+          std::max(kept_error, RelativeError(got_kept.data() + at, got.data() + at, vocab));
     }
   }
   std::printf(
-      "%s Q4_1: max relative logit error %.3g as int8 against f32, %.3g at f32 against "
-      "the float model\n",
-      variant.c_str(), int8_error, float_model_error);
-  EXPECT_LT(int8_error, kQ4_1Int8MaxRelativeError);
+      "%s Q4_1: max relative logit error %.3g kept, %.3g as int8, against f32; %.3g at f32 "
+      "against the float model\n",
+      variant.c_str(), kept_error, int8_error, float_model_error);
+  EXPECT_LT(kept_error, kQ4_1MaxRelativeError);
+  EXPECT_GT(kept_error, 0.0) << "the blocks were not computed on";
+  EXPECT_LT(int8_error, kQ4_1MaxRelativeError);
   EXPECT_LT(float_model_error, 0.5);
 }
 

@@ -28,6 +28,8 @@ GgmlType GgmlOf(QuantBlockType type) {
       return GgmlType::kQ8_0;
     case QuantBlockType::kQ4_0:
       return GgmlType::kQ4_0;
+    case QuantBlockType::kQ4_1:
+      return GgmlType::kQ4_1;
     case QuantBlockType::kQ4_K:
       return GgmlType::kQ4_K;
     case QuantBlockType::kQ5_K:
@@ -57,6 +59,10 @@ std::vector<uint8_t> RandomBlocks(QuantBlockType type, int n, int k, std::mt1993
       case QuantBlockType::kQ8_0:
       case QuantBlockType::kQ4_0:
         PutHalf(blk, RandomHalf(rng));
+        break;
+      case QuantBlockType::kQ4_1:
+        PutHalf(blk, RandomHalf(rng));
+        PutHalf(blk + 2, RandomHalf(rng));  // m: either sign.
         break;
       case QuantBlockType::kQ4_K:
       case QuantBlockType::kQ5_K:
@@ -241,8 +247,8 @@ TEST_P(QuantGemmTest, EveryInstructionPathGivesThePortableBits) {
 
 INSTANTIATE_TEST_SUITE_P(BlockTypes, QuantGemmTest,
                          ::testing::Values(QuantBlockType::kQ8_0, QuantBlockType::kQ4_0,
-                                           QuantBlockType::kQ4_K, QuantBlockType::kQ5_K,
-                                           QuantBlockType::kQ6_K),
+                                           QuantBlockType::kQ4_1, QuantBlockType::kQ4_K,
+                                           QuantBlockType::kQ5_K, QuantBlockType::kQ6_K),
                          [](const auto& info) {
                            return std::string(QuantBlockTypeName(info.param));
                          });
