@@ -82,12 +82,26 @@ class MetadataReader {
 
 absl::Status ReadRopeScaling(const GgufFile& file, const MetadataReader& reader,
                              ModelConfig* config) {
-  if (file.FindTensor("rope_freqs.weight") != nullptr) {
-    // convert_hf_to_gguf writes Llama 3's rope_scaling as per-frequency divisors.
-    return absl::UnimplementedError(absl::StrCat(
-        file.path(),
-        ": tensor 'rope_freqs.weight' (RoPE frequency factors, Llama 3.1-style scaling) is "
-        "not supported yet"));
+  if (const GgufTensorInfo* freqs = file.FindTensor("rope_freqs.weight")) {
+    // convert_hf_to_gguf writes Llama 3's rope_scaling as per-frequency divisors (and no
+    // rope.scaling.type): inverse frequency i is divided by factor i.
+    const int64_t half = config->head_dim / 2;
+    int64_t count = 1;
+    for (int64_t d : freqs->dims) count *= d;
+    if (count != half) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": tensor 'rope_freqs.weight' has ", count,
+                       " elements; RoPE frequency factors need head_dim / 2 = ", half));
+    }
+    ASSIGN_OR_RETURN(std::vector<float> factors, file.DequantizeTensor(*freqs));
+    for (int64_t i = 0; i < half; ++i) {
+      if (!std::isfinite(factors[i]) || factors[i] <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file.path(), ": tensor 'rope_freqs.weight' element ", i, " is ",
+                         factors[i], "; RoPE frequency factors must be finite and positive"));
+      }
+    }
+    config->rope_scaling.frequency_factors = std::move(factors);
   }
   RopeScaling& scaling = config->rope_scaling;
   std::string type = "none";

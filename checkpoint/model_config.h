@@ -29,6 +29,10 @@ struct RopeScaling {
   float beta_slow = 1.0f;
   bool truncate = true;
   float attention_factor = 1.0f;
+  // Per-frequency divisors, head_dim / 2 of them, applied after the scaling above: GGUF's
+  // `rope_freqs.weight` (how llama.cpp's converter writes Llama 3.1's rope_scaling).
+  // Empty: none.
+  std::vector<float> frequency_factors;
 };
 
 // Which tensor names a mixture-of-experts layer's router and experts have.

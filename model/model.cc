@@ -80,6 +80,10 @@ std::vector<double> InverseFrequencies(const ModelConfig& c) {
       break;
     }
   }
+  // GGUF's rope_freqs.weight (llama.cpp's form of Llama 3's scaling).
+  if (!s.frequency_factors.empty()) {
+    for (int i = 0; i < half; ++i) inv[i] /= s.frequency_factors[i];
+  }
   return inv;
 }
 

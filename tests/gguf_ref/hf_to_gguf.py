@@ -19,12 +19,37 @@ tokenizer.chat_template, which convert copies from tokenizer_config.json.
 """
 import argparse
 import json
+import math
 import os
 
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
 
+
+
+def llama3_frequency_factors(theta, head_dim, scaling):
+    """Llama 3's rope_scaling as the divisor of each inverse frequency: what llama.cpp's
+    converter writes as rope_freqs.weight. From transformers' definition: frequencies
+    whose wavelength is under original/high_freq_factor are kept, those over
+    original/low_freq_factor divided by factor, and those between blended linearly in
+    original/wavelength."""
+    factor = scaling["factor"]
+    low = scaling.get("low_freq_factor", 1.0)
+    high = scaling.get("high_freq_factor", 4.0)
+    original = scaling.get("original_max_position_embeddings", 8192)
+    factors = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / theta ** (i / head_dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            factors.append(1.0)
+        elif wavelen > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            factors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 def read_safetensors(model_dir):
     """Every tensor of the checkpoint as float32 numpy arrays (no safetensors package)."""
@@ -171,11 +196,15 @@ def main():
     w.add_rope_freq_base(cfg["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     scaling = cfg.get("rope_scaling")
+    rope_freqs = None
     if scaling:
-        if scaling["rope_type"] != "linear":
+        if scaling["rope_type"] == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(scaling["factor"])
+        elif scaling["rope_type"] == "llama3":
+            rope_freqs = llama3_frequency_factors(cfg["rope_theta"], head_dim, scaling)
+        else:
             raise ValueError(f"rope_scaling {scaling['rope_type']} not written")
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(scaling["factor"])
     if model_type == "mixtral":
         w.add_expert_count(cfg["num_local_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
@@ -189,6 +218,8 @@ def main():
         else:
             w.add_tensor(name, values)
 
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs)  # float32 whatever --type says.
     add("token_embd.weight", hf["model.embed_tokens.weight"])
     add("output_norm.weight", hf["model.norm.weight"])
     if "lm_head.weight" in hf and not cfg.get("tie_word_embeddings"):

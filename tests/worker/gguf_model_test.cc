@@ -178,6 +178,39 @@ TEST_P(GgufModelTest, EveryTensorAndSliceEqualsTheSafetensorsOne) {
   }
 }
 
+// Llama 3's rope_scaling as llama.cpp's converter writes it: no scaling type, a
+// `rope_freqs.weight` tensor of per-frequency divisors (hf_to_gguf.py computes them from
+// transformers' definition). The test model's small original context puts its
+// frequencies in all three bands (kept, blended, divided by 8), so a loader that ignored
+// the tensor would be far off; float32 factors against the float64 formula leave only
+// rounding (measured 1e-6 relative).
+TEST(GgufLlama3Test, RopeFrequencyFactorsGiveTheSafetensorsLogits) {
+  const std::string variant = "llama3_gqa";
+  TestTempDir dir;
+  const std::string path = WriteGguf(dir, variant, "f32");
+  ASSERT_FALSE(path.empty());
+  absl::StatusOr<ModelConfig> config = model::LoadCheckpointConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->rope_scaling.frequency_factors.size(), config->head_dim / 2);
+  auto hf = LocalWorker::Create(TestModelDir(variant), 2, kNumBlocks, kBlockSize);
+  auto gguf = LocalWorker::Create(path, 2, kNumBlocks, kBlockSize);
+  ASSERT_TRUE(hf && gguf);
+  const Reference ref = LoadReference(variant);
+  ASSERT_FALSE(ref.prompts.empty());
+  const int vocab = hf->model->config().vocab_size;
+  double max_error = 0;
+  for (const std::vector<int32_t>& prompt : ref.prompts) {
+    const std::vector<float> want = PrefillLogits(*hf, prompt);
+    const std::vector<float> got = PrefillLogits(*gguf, prompt);
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      max_error = std::max(max_error,
+                           RelativeError(got.data() + t * vocab, want.data() + t * vocab, vocab));
+    }
+  }
+  std::printf("llama3 rope_freqs: max relative logit error %.3g\n", max_error);
+  EXPECT_LT(max_error, 1e-4);
+}
+
 // A Q4_1 file (the block GPTQ/AWQ checkpoints with zero points map to) serves as the other
 // block types do: its blocks computed on (kept), or dequantized to int8 or f32. Measured
 // against f32 of the same file (whose dequantization gguf_test checks bit for bit): kept
