@@ -17,6 +17,10 @@
 #   STORAGES ["auto gguf"]   Conveyor's --cpu_weight_dtype values to run
 #   PPL_CTX [256] PPL ["1"]  perplexity chunk size; PPL=0 skips perplexity
 #   OUT [/tmp/llama-bench/run-<time>]   MODELS [/tmp/llama-bench]
+#   REPEAT [1]       run every engine this many times, alternating (table.py keeps each
+#                    engine's best wave: on a shared machine, the least disturbed one)
+#   WAIT_QUIET [0]   before each engine, wait (up to 30 min) until no compiler or ninja has
+#                    run for this many seconds (a machine shared with builds)
 #   PYTHON [/opt/conveyor-test-venv/bin/python] (needs numpy, gguf, tokenizers only for
 #   --make-models; the load client needs the standard library only)
 set -euo pipefail
@@ -36,6 +40,8 @@ PPL="${PPL:-1}"
 MODELS="${MODELS:-/tmp/llama-bench}"
 OUT="${OUT:-/tmp/llama-bench/run-$(date +%Y%m%d-%H%M%S)}"
 PYTHON="${PYTHON:-/opt/conveyor-test-venv/bin/python}"
+WAIT_QUIET="${WAIT_QUIET:-0}"
+REPEAT="${REPEAT:-1}"
 TEXT="$here/heldout.txt"
 
 if [[ "${1:-}" == "--make-models" ]]; then
@@ -80,9 +86,23 @@ wait_http() {
   return 1
 }
 
+compiling() { (pgrep -fa 'ninja|cc1plus|clang|/ld ' || true) | grep -v pgrep | wc -l; }
+
+# With WAIT_QUIET=N: returns once nothing has compiled for N seconds (or after 30 min).
+wait_quiet() {
+  [[ "$WAIT_QUIET" -gt 0 ]] || return 0
+  local quiet=0 waited=0
+  while ((quiet < WAIT_QUIET && waited < 1800)); do
+    if [[ "$(compiling)" -eq 0 ]]; then quiet=$((quiet + 1)); else quiet=0; fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  echo "$(date '+%H:%M:%S') waited ${waited}s for quiet (quiet for ${quiet}s)" | tee -a "$OUT/load.txt"
+}
+
 load_note() {
   echo "$(date '+%H:%M:%S') uptime:$(uptime | sed 's/.*load average/ load average/')"
-  echo "  compiling: $( (pgrep -fa 'ninja|cc1plus|clang' || true) | grep -v pgrep | wc -l) processes"
+  echo "  compiling: $(compiling) processes"
 }
 
 # Runs the waves against $1 (base URL), engine label $2, file label $3.
@@ -102,6 +122,7 @@ run_llama() {
   port="$(free_port)"
   # Every slot must hold a prompt and its output (+ BOS), with room to spare.
   local ctx=$((32 * (PROMPT_TOKENS + MAX_TOKENS + 64)))
+  wait_quiet
   "$LLAMA_BUILD/bin/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -np 32 -c "$ctx" \
     -t "$THREADS" -tb "$THREADS" --no-webui >"$OUT/llama-server-$label.log" 2>&1 &
   pids+=($!)
@@ -114,6 +135,7 @@ run_conveyor() {
   local model="$1" label="$2" storage="$3" wport hport
   wport="$(free_port)"
   hport="$(free_port)"
+  wait_quiet
   "$CONVEYOR_BUILD/worker/conveyor-worker" --port="$wport" --metrics_port=0 --threads="$THREADS" \
     --cpu_weight_dtype="$storage" >"$OUT/conveyor-worker-$label-$storage.log" 2>&1 &
   pids+=($!)
@@ -175,8 +197,10 @@ run_ppl() {
 } | tee -a "$OUT/load.txt"
 for model in "$@"; do
   label="$(basename "$model" .gguf)"
-  run_llama "$model" "$label"
-  for storage in $STORAGES; do run_conveyor "$model" "$label" "$storage"; done
+  for ((rep = 1; rep <= REPEAT; rep++)); do
+    run_llama "$model" "$label"
+    for storage in $STORAGES; do run_conveyor "$model" "$label" "$storage"; done
+  done
   run_ppl "$model" "$label"
   load_note | tee -a "$OUT/load.txt"
 done

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables of a compare.sh run: results.jsonl (one line per engine, file and
-concurrency) and perplexity.jsonl, from the run directory given.
+concurrency; several with REPEAT, of which the table shows the highest tok/s, with that
+wave's TTFT and TPOT) and perplexity.jsonl, from the run directory given.
 
   table.py RUN_DIR
 """
@@ -24,8 +25,15 @@ def main():
         mine = [r for r in rows if r["file"] == file]
         engines = list(dict.fromkeys(r["engine"] for r in mine))
         conveyors = [e for e in engines if e != "llama.cpp"]
-        by = {(r["engine"], r["concurrency"]): r for r in mine}
+        by, waves = {}, {}
+        for r in mine:
+            key = (r["engine"], r["concurrency"])
+            waves[key] = waves.get(key, 0) + 1
+            if key not in by or r["tok_s"] > by[key]["tok_s"]:
+                by[key] = r
         print(f"\n### {file}\n")
+        if max(waves.values()) > 1:
+            print(f"Best of {max(waves.values())} waves per cell.\n")
         head = ["streams", "llama.cpp tok/s"]
         for e in conveyors:
             head += [f"{e} tok/s", "÷ llama.cpp"]
