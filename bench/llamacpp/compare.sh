@@ -19,8 +19,8 @@
 #   OUT [/tmp/llama-bench/run-<time>]   MODELS [/tmp/llama-bench]
 #   REPEAT [1]       run every engine this many times, alternating (table.py keeps each
 #                    engine's best wave: on a shared machine, the least disturbed one)
-#   WAIT_QUIET [0]   before each engine, wait (up to 30 min) until no compiler or ninja has
-#                    run for this many seconds (a machine shared with builds)
+#   WAIT_QUIET [0]   before each engine, wait (up to 30 min) until the CPUs have been
+#                    >= 90% idle for this many seconds (a machine shared with builds)
 #   PYTHON [/opt/conveyor-test-venv/bin/python] (needs numpy, gguf, tokenizers only for
 #   --make-models; the load client needs the standard library only)
 set -euo pipefail
@@ -88,21 +88,32 @@ wait_http() {
 
 compiling() { (pgrep -fa 'ninja|cc1plus|clang|/ld ' || true) | grep -v pgrep | wc -l; }
 
-# With WAIT_QUIET=N: returns once nothing has compiled for N seconds (or after 30 min).
+# Percent of all CPU time that was busy over the next second (/proc/stat).
+cpu_busy_1s() {
+  local _ u n s i w q sq st t1 i1
+  read -r _ u n s i w q sq st _ </proc/stat
+  t1=$((u + n + s + i + w + q + sq + st)) i1=$((i + w))
+  sleep 1
+  read -r _ u n s i w q sq st _ </proc/stat
+  t1=$((u + n + s + i + w + q + sq + st - t1)) i1=$((i + w - i1))
+  echo $((t1 > 0 ? 100 * (t1 - i1) / t1 : 0))
+}
+
+# With WAIT_QUIET=N: returns once the CPUs have been at least 90% idle for N seconds in a
+# row (compiles, tests, fuzzers: anything), or after 30 min.
 wait_quiet() {
   [[ "$WAIT_QUIET" -gt 0 ]] || return 0
   local quiet=0 waited=0
   while ((quiet < WAIT_QUIET && waited < 1800)); do
-    if [[ "$(compiling)" -eq 0 ]]; then quiet=$((quiet + 1)); else quiet=0; fi
-    sleep 1
+    if (($(cpu_busy_1s) <= 10)); then quiet=$((quiet + 1)); else quiet=0; fi
     waited=$((waited + 1))
   done
-  echo "$(date '+%H:%M:%S') waited ${waited}s for quiet (quiet for ${quiet}s)" | tee -a "$OUT/load.txt"
+  echo "$(date '+%H:%M:%S') waited ${waited}s for quiet (idle for ${quiet}s)" | tee -a "$OUT/load.txt"
 }
 
 load_note() {
   echo "$(date '+%H:%M:%S') uptime:$(uptime | sed 's/.*load average/ load average/')"
-  echo "  compiling: $(compiling) processes"
+  echo "  compiling: $(compiling) processes; CPU busy over 1 s: $(cpu_busy_1s)%"
 }
 
 # Runs the waves against $1 (base URL), engine label $2, file label $3.
