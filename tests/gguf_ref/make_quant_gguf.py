@@ -9,6 +9,13 @@ every tensor is checked by dequantizing it with gguf.quants.dequantize (llama.cp
 reference) against the float values it came from.
 
 Shapes are multiples of 256 (K blocks run along rows of 256). Norm weights stay F32.
+
+--tokenizer-corpus TEXT adds a sentencepiece-style vocabulary of exactly --vocab tokens, as
+convert_hf_to_gguf writes a Llama-2 tokenizer.model (tokenizer.ggml.model "llama": <unk> <s>
+</s>, the 256 <0xNN> byte tokens, then pieces of a BPE trained with `tokenizers` on the
+text's Metaspace words, scored -rank; no merges), so llama.cpp's llama-server and
+Conveyor's scheduler can serve the file (bench/llamacpp/). Without it the file has no
+tokenizer, which the kernel tests and quant_decode_bench do not need.
 """
 import argparse
 
@@ -68,6 +75,44 @@ def q6_k(x):
     return blocks.reshape(rows, -1)
 
 
+def add_spm_tokenizer(w, corpus_path, vocab_size):
+    """tokenizer.ggml.* for a sentencepiece-style vocabulary of vocab_size tokens trained on
+    the lines of corpus_path (pieces the training does not fill are UNUSED padding)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    with open(corpus_path, encoding="utf-8") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    if vocab_size <= len(specials):
+        raise SystemExit(f"--vocab {vocab_size} leaves no room for pieces after the byte tokens")
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre_tokenizers.Metaspace()
+    trained.train_from_iterator(lines, trainer=trainers.BpeTrainer(
+        vocab_size=vocab_size - len(specials), show_progress=False, limit_alphabet=200))
+    tt = gguf.TokenType
+    tokens = list(specials)
+    types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL] + [tt.BYTE] * 256
+    scores = [0.0] * len(tokens)
+    for rank, (piece, _) in enumerate(sorted(trained.get_vocab().items(), key=lambda kv: kv[1])):
+        if piece in specials or len(tokens) == vocab_size:
+            continue
+        tokens.append(piece)
+        types.append(tt.NORMAL)
+        scores.append(-float(rank))
+    while len(tokens) < vocab_size:
+        tokens.append(f"<unused{len(tokens)}>")
+        types.append(tt.UNUSED)
+        scores.append(-1e9)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_bool("tokenizer.ggml.add_space_prefix", True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", required=True)
@@ -79,6 +124,7 @@ def main():
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--vocab", type=int, default=384)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer-corpus", help="text to train a vocabulary of --vocab tokens on")
     args = p.parse_args()
     rng = np.random.default_rng(args.seed)
     h, ffn, head_dim = args.hidden, args.ffn, args.hidden // args.heads
@@ -95,6 +141,8 @@ def main():
     w.add_layer_norm_rms_eps(1e-5)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if args.tokenizer_corpus:
+        add_spm_tokenizer(w, args.tokenizer_corpus, args.vocab)
 
     def add(name, shape, kind="q4_k", scale=None):
         if len(shape) == 1:
