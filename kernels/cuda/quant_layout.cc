@@ -134,8 +134,7 @@ GpuQuantFormat GpuQuantFormatOf(QuantBlockType type) {
       return {.bits = 8, .group = 32, .zero = 128, .has_min = false};  // Codes are q + 128.
     case QuantBlockType::kQ4_0:
       return {.bits = 4, .group = 32, .zero = 8, .has_min = false};
-    case QuantBlockType::kQ4_1:
-      return {.bits = 4, .group = 32, .zero = 0, .has_min = true};
+    case QuantBlockType::kQ4_1:  // The min is −m.
     case QuantBlockType::kQ4_K:
       return {.bits = 4, .group = 32, .zero = 0, .has_min = true};
     case QuantBlockType::kQ5_K:
