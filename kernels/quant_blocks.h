@@ -69,6 +69,19 @@ constexpr size_t QuantRowBytes(QuantBlockType type, int k) {
   return static_cast<size_t>(k / QuantBlockElements(type)) * QuantBlockBytes(type);
 }
 
+// The 6-bit scale and min of sub-block `j` (0..7) of a Q4_K / Q5_K block, packed in its
+// 12 scale bytes (ggml's get_scale_min_k4). Integer-only, so the same code whatever
+// instruction set a kernel file is compiled for.
+constexpr void UnpackScaleMinK4(int j, const uint8_t* packed, int* scale, int* min) {
+  if (j < 4) {
+    *scale = packed[j] & 63;
+    *min = packed[j + 4] & 63;
+  } else {
+    *scale = (packed[j + 4] & 0x0f) | ((packed[j - 4] >> 6) << 4);
+    *min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+  }
+}
+
 // Consecutive output rows of a linear weight, in one block type: `rows` rows of
 // QuantRowBytes(type, in_features) bytes each, row r of the part at blocks + r * that.
 struct QuantizedRows {

@@ -212,11 +212,7 @@ class CpuBackend final : public Backend {
       out += p.rows;
     }
     if (out == 0) return absl::InvalidArgumentError("PackLinearQuantized: no rows");
-    std::vector<QuantizedRows> nonempty;
-    for (const QuantizedRows& p : parts) {
-      if (p.rows > 0) nonempty.push_back(p);
-    }
-    const size_t bytes = QuantizedPackBytes(nonempty, in);
+    const size_t bytes = QuantizedPackBytes(parts, in);
     const bool in_arena = bytes < (size_t{2} << 20);
     void* blocks = in_arena ? arena_.Allocate(bytes) : AlignedBytes(bytes);
     float* bias_copy = bias != nullptr ? AlignedFloats(out) : nullptr;
@@ -227,7 +223,7 @@ class CpuBackend final : public Backend {
           absl::StrCat("cannot allocate a ", out, "x", in, " quantized weight"));
     }
     // The blocks as this level's kernels read them (AVX-512 VNNI: repacked into panels).
-    std::vector<QuantizedRows> copied = PackQuantized(nonempty, in, blocks);
+    std::vector<QuantizedRows> copied = PackQuantized(parts, in, blocks);
     if (bias != nullptr) std::memcpy(bias_copy, bias, out * sizeof(float));
     return std::make_unique<CpuLinearWeight>(std::move(copied), in, blocks, bytes, bias_copy,
                                              in_arena);

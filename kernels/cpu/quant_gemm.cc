@@ -86,16 +86,6 @@ struct KBlock {
   float dmin;
 };
 
-void ScaleMinK4(int j, const uint8_t* s, int* scale, int* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 void UnpackK(QuantBlockType type, const uint8_t* b, KBlock* out) {
   if (type == QuantBlockType::kQ6_K) {
     const uint8_t* ql = b;
@@ -138,7 +128,7 @@ void UnpackK(QuantBlockType type, const uint8_t* b, KBlock* out) {
   }
   for (int j = 0; j < 8; ++j) {
     int sc = 0, mn = 0;
-    ScaleMinK4(j, scales, &sc, &mn);
+    UnpackScaleMinK4(j, scales, &sc, &mn);
     out->sc[2 * j] = out->sc[2 * j + 1] = sc;
     out->mn[2 * j] = out->mn[2 * j + 1] = mn;
   }
@@ -332,7 +322,9 @@ std::vector<QuantizedRows> PackQuantizedAt(QuantLevel level, std::span<const Qua
   std::vector<QuantizedRows> packed;
   auto* at = static_cast<uint8_t*>(dst);
   for (const QuantizedRows& p : parts) {
-    if (level == QuantLevel::kAvx512Vnni) {
+    if (p.rows == 0) {
+      // Nothing to copy (and the part may have no bytes at all).
+    } else if (level == QuantLevel::kAvx512Vnni) {
       PackPanels(p, k, at);
     } else {
       std::memcpy(at, p.blocks, QuantRowBytes(p.type, k) * p.rows);

@@ -47,16 +47,6 @@ uint16_t LoadHalfBits(const uint8_t* p) {
 // Stands in for the blocks of outputs past `outputs` (their results are not stored).
 alignas(64) constexpr uint8_t kZeroBlock[256] = {};
 
-void ScaleMinK4Simd(int j, const uint8_t* s, int* scale, int* min) {
-  if (j < 4) {
-    *scale = s[j] & 63;
-    *min = s[j + 4] & 63;
-  } else {
-    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 // One output's K-type super-block, unpacked for every row of the call.
 struct alignas(32) KUnpacked {
   uint8_t q[256];    // Unsigned values, in weight order.
@@ -116,7 +106,7 @@ void UnpackKBlock(QuantBlockType type, const uint8_t* b, KUnpacked* out, uint16_
   alignas(32) int16_t mins[16];
   for (int j = 0; j < 8; ++j) {
     int sc = 0, mn = 0;
-    ScaleMinK4Simd(j, b + 4, &sc, &mn);
+    UnpackScaleMinK4(j, b + 4, &sc, &mn);
     out->scale[j] = _mm256_set1_epi16(static_cast<int16_t>(sc));
     mins[2 * j] = mins[2 * j + 1] = static_cast<int16_t>(mn);
   }

@@ -95,6 +95,7 @@ void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const 
     for (int r = 0; r < R; ++r) dot[r] = _mm512_add_epi32(dot[r], dot2[r]);
     const uint8_t* mb = meta + static_cast<size_t>(b) * meta_bytes;
     const __m512 dw = Halves(mb);
+    const __m512 mw = q41 ? Halves(mb + 32) : _mm512_setzero_ps();  // Q4_1's m.
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const size_t at = static_cast<size_t>(r0 + r) * blocks + b;
@@ -103,7 +104,7 @@ void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const 
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, dx), acc[r]);
       if (q41) {
         acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(a.bsum32[at])),
-                                 _mm512_mul_ps(Halves(mb + 32), dx), acc[r]);
+                                 _mm512_mul_ps(mw, dx), acc[r]);
       }
     }
   }

@@ -32,18 +32,6 @@ float LoadHalf(const uint8_t* p) {
   return HalfToFloat(h);
 }
 
-// The 6-bit scale and min of sub-block `j` (0..7) of a Q4_K / Q5_K block, packed in 12
-// bytes (ggml's get_scale_min_k4).
-void ScaleMinK4(int j, const uint8_t* q, int* scale, int* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Decodes one block of `type`: its weights' codes (one per byte, in weight order), and the
 // scale (and min) of each of its groups, in the format GpuQuantFormatOf(type) names.
 void DecodeBlock(QuantBlockType type, const uint8_t* block, uint8_t* codes, float* scales,
@@ -81,7 +69,7 @@ void DecodeBlock(QuantBlockType type, const uint8_t* block, uint8_t* codes, floa
       const uint8_t* ql = block + (five ? 48 : 16);
       for (int j = 0; j < 8; ++j) {
         int sc = 0, m = 0;
-        ScaleMinK4(j, packed, &sc, &m);
+        UnpackScaleMinK4(j, packed, &sc, &m);
         scales[j] = d * static_cast<float>(sc);
         mins[j] = dmin * static_cast<float>(m);
       }

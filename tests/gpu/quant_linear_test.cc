@@ -33,6 +33,7 @@
 #include "kernels/cuda/quant_layout.h"
 #include "kernels/quant_blocks.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/support/random_quant_blocks.h"
 
 namespace conveyor::kernels {
 namespace {
@@ -44,71 +45,8 @@ constexpr QuantBlockType kTypes[] = {QuantBlockType::kQ8_0, QuantBlockType::kQ4_
                                      QuantBlockType::kQ4_1, QuantBlockType::kQ4_K,
                                      QuantBlockType::kQ5_K, QuantBlockType::kQ6_K};
 
-GgmlType GgmlOf(QuantBlockType type) {
-  switch (type) {
-    case QuantBlockType::kQ8_0:
-      return GgmlType::kQ8_0;
-    case QuantBlockType::kQ4_0:
-      return GgmlType::kQ4_0;
-    case QuantBlockType::kQ4_1:
-      return GgmlType::kQ4_1;
-    case QuantBlockType::kQ4_K:
-      return GgmlType::kQ4_K;
-    case QuantBlockType::kQ5_K:
-      return GgmlType::kQ5_K;
-    case QuantBlockType::kQ6_K:
-    default:
-      return GgmlType::kQ6_K;
-  }
-}
-
-// A random fp16 of magnitude in [2^-9, 2^-5), either sign.
-uint16_t RandomHalf(std::mt19937& rng) {
-  const uint32_t exponent = 6 + rng() % 4;
-  return static_cast<uint16_t>((rng() & 1) << 15 | exponent << 10 | (rng() & 0x3ff));
-}
-
-void PutHalf(uint8_t* p, uint16_t h) { std::memcpy(p, &h, sizeof(h)); }
-
-// `rows` rows of `k` weights of `type`: random bytes (so every code, Q8_0's -128 included,
-// and every packing of the 6-bit scales and mins occur) with random finite fp16 scales.
-std::vector<uint8_t> RandomBlocks(QuantBlockType type, int rows, int k, std::mt19937& rng) {
-  std::vector<uint8_t> bytes(QuantRowBytes(type, k) * rows);
-  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
-  const int block_bytes = QuantBlockBytes(type);
-  for (size_t at = 0; at < bytes.size(); at += block_bytes) {
-    uint8_t* block = bytes.data() + at;
-    switch (type) {
-      case QuantBlockType::kQ8_0:
-      case QuantBlockType::kQ4_0:
-        PutHalf(block, RandomHalf(rng));
-        break;
-      case QuantBlockType::kQ4_1:
-        PutHalf(block, RandomHalf(rng));
-        PutHalf(block + 2, RandomHalf(rng));  // m: either sign.
-        break;
-      case QuantBlockType::kQ4_K:
-      case QuantBlockType::kQ5_K:
-        PutHalf(block, RandomHalf(rng));
-        PutHalf(block + 2, RandomHalf(rng) & 0x7fff);  // dmin >= 0, as ggml writes it.
-        break;
-      case QuantBlockType::kQ6_K:
-        PutHalf(block + 208, RandomHalf(rng));
-        break;
-    }
-  }
-  return bytes;
-}
-
-// ggml's float32 weights [rows, k] of `blocks`.
-std::vector<float> GgmlWeights(QuantBlockType type, const std::vector<uint8_t>& blocks, int rows,
-                               int k) {
-  std::vector<float> w(static_cast<size_t>(rows) * k);
-  const absl::Status s = DequantizeToF32(
-      GgmlOf(type), reinterpret_cast<const std::byte*>(blocks.data()), w.size(), w.data());
-  EXPECT_TRUE(s.ok()) << s;
-  return w;
-}
+using testing::GgmlWeights;
+using testing::RandomBlocks;
 
 // --- The layout, on the host --------------------------------------------------------
 

@@ -18,73 +18,13 @@
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/quant_gemm_kernels.h"
 #include "kernels/cpu/thread_pool.h"
+#include "tests/support/random_quant_blocks.h"
 
 namespace conveyor::kernels {
 namespace {
 
-GgmlType GgmlOf(QuantBlockType type) {
-  switch (type) {
-    case QuantBlockType::kQ8_0:
-      return GgmlType::kQ8_0;
-    case QuantBlockType::kQ4_0:
-      return GgmlType::kQ4_0;
-    case QuantBlockType::kQ4_1:
-      return GgmlType::kQ4_1;
-    case QuantBlockType::kQ4_K:
-      return GgmlType::kQ4_K;
-    case QuantBlockType::kQ5_K:
-      return GgmlType::kQ5_K;
-    case QuantBlockType::kQ6_K:
-    default:
-      return GgmlType::kQ6_K;
-  }
-}
-
-// A random fp16 of magnitude in [2^-9, 2^-5), either sign.
-uint16_t RandomHalf(std::mt19937& rng) {
-  const uint32_t exponent = 6 + rng() % 4;
-  return static_cast<uint16_t>((rng() & 1) << 15 | exponent << 10 | (rng() & 0x3ff));
-}
-
-void PutHalf(uint8_t* p, uint16_t h) { std::memcpy(p, &h, sizeof(h)); }
-
-// n rows of k weights of `type`: random bytes with random finite scales.
-std::vector<uint8_t> RandomBlocks(QuantBlockType type, int n, int k, std::mt19937& rng) {
-  std::vector<uint8_t> bytes(QuantRowBytes(type, k) * n);
-  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
-  const int block_bytes = QuantBlockBytes(type);
-  for (size_t at = 0; at < bytes.size(); at += block_bytes) {
-    uint8_t* blk = bytes.data() + at;
-    switch (type) {
-      case QuantBlockType::kQ8_0:
-      case QuantBlockType::kQ4_0:
-        PutHalf(blk, RandomHalf(rng));
-        break;
-      case QuantBlockType::kQ4_1:
-        PutHalf(blk, RandomHalf(rng));
-        PutHalf(blk + 2, RandomHalf(rng));  // m: either sign.
-        break;
-      case QuantBlockType::kQ4_K:
-      case QuantBlockType::kQ5_K:
-        PutHalf(blk, RandomHalf(rng));
-        PutHalf(blk + 2, RandomHalf(rng) & 0x7fff);
-        break;
-      case QuantBlockType::kQ6_K:
-        PutHalf(blk + 208, RandomHalf(rng));
-        break;
-    }
-  }
-  return bytes;
-}
-
-std::vector<float> Dequantized(QuantBlockType type, const std::vector<uint8_t>& blocks, int n,
-                               int k) {
-  std::vector<float> w(static_cast<size_t>(n) * k);
-  const absl::Status s = DequantizeToF32(
-      GgmlOf(type), reinterpret_cast<const std::byte*>(blocks.data()), w.size(), w.data());
-  EXPECT_TRUE(s.ok()) << s;
-  return w;
-}
+using testing::GgmlWeights;
+using testing::RandomBlocks;
 
 std::vector<float> RandomActivations(int m, int k, std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -134,7 +74,7 @@ TEST_P(QuantGemmTest, AgreesWithFloat64OnTheDequantizedWeights) {
   std::mt19937 rng(7);
   const int k = 768, n = 43;
   const std::vector<uint8_t> blocks = RandomBlocks(type, n, k, rng);
-  const std::vector<float> w = Dequantized(type, blocks, n, k);
+  const std::vector<float> w = GgmlWeights(type, blocks, n, k);
   std::vector<float> bias(n);
   for (float& b : bias) b = static_cast<float>(rng() % 100) / 50.0f - 1.0f;
   const int block = QuantBlockElements(type);
