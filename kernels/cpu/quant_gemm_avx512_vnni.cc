@@ -34,7 +34,14 @@ inline __m512 Negated(__m512 v, __m512i sign) {
   return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign));
 }
 
-inline __m512i Load64(const uint8_t* p) { return _mm512_loadu_si512(p); }
+// Loads the 64 bytes at p and asks for the line 2 KiB on: decode streams the weights from
+// DRAM, and the hardware prefetchers alone keep too few lines in flight (a 1.8 GB Q4_K_M
+// model: 63 against 75 ms per step at batch 1; 1 or 2 KiB ahead did best, 4 and 8 no
+// better). A prefetch past the end of the weights is harmless (prefetches never fault).
+inline __m512i Load64Ahead(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + 2048), _MM_HINT_T0);
+  return _mm512_loadu_si512(p);
+}
 
 inline __m512 Halves(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -70,8 +77,8 @@ void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const 
     if (q8) {
 #pragma GCC unroll 8
       for (int c = 0; c < 8; c += 2) {
-        const __m512i w = _mm512_xor_si512(Load64(q + 64 * c), flip);
-        const __m512i w2 = _mm512_xor_si512(Load64(q + 64 * c + 64), flip);
+        const __m512i w = _mm512_xor_si512(Load64Ahead(q + 64 * c), flip);
+        const __m512i w2 = _mm512_xor_si512(Load64Ahead(q + 64 * c + 64), flip);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           dot[r] = _mm512_dpbusd_epi32(dot[r], w, Broadcast4(x[r] + 32 * b + 4 * c));
@@ -81,7 +88,7 @@ void Blocks32(QuantBlockType type, const QuantizedActivations& a, int r0, const 
     } else {
 #pragma GCC unroll 8
       for (int c = 0; c < 4; ++c) {
-        const __m512i v = Load64(q + 64 * c);
+        const __m512i v = Load64Ahead(q + 64 * c);
         const __m512i lo = _mm512_and_si512(v, low4);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
 #pragma GCC unroll 8
@@ -144,7 +151,7 @@ void BlocksK(QuantBlockType type, const QuantizedActivations& a, int r0, const u
         }
 #pragma GCC unroll 8
         for (int c = 0; c < 4; ++c) {
-          const __m512i w = Load64(q + 64 * (4 * i + c));
+          const __m512i w = Load64Ahead(q + 64 * (4 * i + c));
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
             t[r] = _mm512_dpbusd_epi32(t[r], w, Broadcast4(x[r] + 256 * b + 16 * i + 4 * c));
@@ -172,7 +179,7 @@ void BlocksK(QuantBlockType type, const QuantizedActivations& a, int r0, const u
       if (four) {
 #pragma GCC unroll 8
         for (int c = 0; c < 4; ++c) {
-          const __m512i v = Load64(q + 64 * (4 * j + c));
+          const __m512i v = Load64Ahead(q + 64 * (4 * j + c));
           const __m512i lo = _mm512_and_si512(v, low4);
           const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
 #pragma GCC unroll 8
@@ -185,8 +192,8 @@ void BlocksK(QuantBlockType type, const QuantizedActivations& a, int r0, const u
       } else {
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c += 2) {
-          const __m512i w = Load64(q + 64 * (8 * j + c));
-          const __m512i w2 = Load64(q + 64 * (8 * j + c) + 64);
+          const __m512i w = Load64Ahead(q + 64 * (8 * j + c));
+          const __m512i w2 = Load64Ahead(q + 64 * (8 * j + c) + 64);
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
             const int8_t* xs = x[r] + 256 * b + 32 * j + 4 * c;
