@@ -24,7 +24,7 @@ Engine::Engine(const Options& options, std::unique_ptr<BatchPolicy> policy, Step
       stop_checker_(options.max_context_tokens),
       blocks_(options.num_kv_blocks, options.block_size, options.enable_prefix_caching),
       pool_(&blocks_),
-      pipeline_(executor, options.max_steps_in_flight),
+      pipeline_(executor, options.speculative.enabled() ? 1 : options.max_steps_in_flight),
       recovery_(executor, options.worker_recovery_timeout, [this] {
         std::lock_guard<std::mutex> lock(mu_);
         wake_.notify_one();
@@ -181,6 +181,7 @@ void Engine::Loop() {
         metrics_->AddPreemptions(static_cast<int>(plan.preempted.size()));
       }
       if (!plan.empty()) {
+        AttachDrafts(plan);
         Launch(plan, start);
         launched = true;
       }
@@ -244,6 +245,61 @@ void Engine::Launch(const StepPlan& plan, Clock::time_point planned) {
   pipeline_.Launch(plan, step, planned);
 }
 
+void Engine::AttachDrafts(StepPlan& plan) {
+  const Options::Speculative& spec = options_.speculative;
+  if (!spec.enabled()) return;
+  const auto is_decode = [&](const ScheduledSequence& s) {
+    const Request* r = s.request;
+    return s.num_tokens == 1 && r->num_uncomputed() == 1 && r->num_pending_tokens == 0 &&
+           !r->done && encoder_.OnWorkers(r->id);
+  };
+  const int decodes =
+      static_cast<int>(std::count_if(plan.sequences.begin(), plan.sequences.end(), is_decode));
+  if (decodes == 0 || decodes > spec.max_batch) return;
+  int budget = spec.max_step_tokens - plan.num_tokens();
+  for (ScheduledSequence& s : plan.sequences) {
+    if (budget <= 0) break;
+    if (!is_decode(s)) continue;
+    Request* r = s.request;
+    if (r->draft_length == 0) r->draft_length = spec.num_tokens;
+    // The last token the request may produce is never a draft, and the drafts stay within
+    // the model's context.
+    const int k = std::min({r->draft_length, budget, r->max_new_tokens - r->num_output_tokens() - 1,
+                            options_.max_context_tokens - r->num_tokens() - 1});
+    if (k <= 0) continue;
+    std::vector<int32_t> draft = ProposeNgram(r->tokens, spec.ngram, k);
+    if (draft.empty()) continue;
+    // Their KV slots, from free blocks only (a draft never preempts anyone).
+    const int need = r->num_computed + 1 + static_cast<int>(draft.size());
+    if (!blocks_.EnsureCapacity(r->blocks, need)) {
+      const int room = r->blocks.num_blocks() * options_.block_size - r->num_computed - 1;
+      draft.resize(std::max(0, std::min(room, static_cast<int>(draft.size()))));
+    }
+    budget -= static_cast<int>(draft.size());
+    s.draft = std::move(draft);
+  }
+}
+
+void Engine::AccountDrafts(const StepPipeline::Step& step,
+                           const std::unordered_map<uint64_t, int>& answered) {
+  for (const StepPipeline::Step::Sequence& s : step.sequences) {
+    if (s.num_drafts == 0) continue;
+    const auto got = answered.find(s.id);
+    const int kept = got == answered.end() ? 0 : std::clamp(got->second - 1, 0, s.num_drafts);
+    counters_.draft_tokens += s.num_drafts;
+    counters_.accepted_draft_tokens += kept;
+    if (metrics_ != nullptr) metrics_->ObserveDrafts(s.num_drafts, kept);
+    auto it = requests_.find(s.id);
+    if (it == requests_.end()) continue;
+    Request* r = it->second.get();
+    r->num_drafts_in_flight = 0;
+    // Longer after a draft kept whole, else one past what was kept.
+    r->draft_length = kept == s.num_drafts
+                          ? std::min(r->draft_length + 1, options_.speculative.num_tokens)
+                          : kept + 1;
+  }
+}
+
 void Engine::CompleteOldestStep() {
   const StepPipeline::Answer answer = pipeline_.WaitOldest();
   const StepPipeline::Step& step = answer.step;
@@ -293,19 +349,31 @@ void Engine::ApplyStep(const StepPipeline::Step& step, const worker::v1::StepRes
 
   const Clock::time_point now = Clock::now();
   int discarded = 0;
+  std::unordered_map<uint64_t, int> answered;  // Tokens per request, with drafts.
   for (const worker::v1::SampledToken& token : response.tokens()) {
+    if (step.num_drafts > 0) ++answered[token.seq_id()];
     auto it = requests_.find(token.seq_id());
     if (it == requests_.end()) {
       ++discarded;  // It stopped or was cancelled after this step was sent.
       continue;
     }
     Request* r = it->second.get();
-    if (r->num_pending_tokens == 0) continue;  // Cannot happen: each sampler got one.
-    r->tokens[r->num_known_tokens()] = token.token_id();
-    --r->num_pending_tokens;
+    if (r->num_pending_tokens > 0) {
+      r->tokens[r->num_known_tokens()] = token.token_id();
+      --r->num_pending_tokens;
+    } else if (r->num_drafts_in_flight > 0) {
+      // A second token or later: the one before it was a draft the workers kept, so its
+      // K/V is computed, and this one follows it.
+      --r->num_drafts_in_flight;
+      ++r->num_computed;
+      r->tokens.push_back(token.token_id());
+    } else {
+      continue;  // Cannot happen: each sampler got one, and drafts are bounded.
+    }
     // Padding members of a run-to-completion batch compute, but nobody listens.
     if (!r->done) OnToken(r, token, now);
   }
+  if (step.num_drafts > 0) AccountDrafts(step, answered);
   counters_.discarded_tokens += discarded;
   if (metrics_ != nullptr && discarded > 0) metrics_->AddDiscardedTokens(discarded);
 }

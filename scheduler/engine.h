@@ -25,12 +25,15 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "scheduler/block_manager.h"
 #include "scheduler/metrics.h"
+#include "scheduler/ngram_proposer.h"
 #include "scheduler/policy.h"
 #include "scheduler/request.h"
 #include "scheduler/request_pool.h"
@@ -72,6 +75,21 @@ class Engine {
     // workers must run steps in previous_step_id order). Other values count as the
     // nearer of these.
     int max_steps_in_flight = 2;
+    // Speculative decoding (docs/speculative-decoding.md): proposed tokens verified by the
+    // workers in the decode step, the outputs unchanged. Speculating, the engine plans
+    // each step once the last one's answer is in (max_steps_in_flight counts as 1): how
+    // many tokens a step keeps is known only then.
+    struct Speculative {
+      std::string method = "off";  // off or ngram.
+      int num_tokens = 4;          // Most draft tokens per sequence and step.
+      NgramOptions ngram;
+      // Decodes in a step above which no draft is proposed: with many sequences a step
+      // is no longer bound by reading the weights, and verifying drafts costs compute.
+      int max_batch = 8;
+      int max_step_tokens = 2048;  // The step's token budget (drafts count).
+      bool enabled() const { return method != "off" && num_tokens > 0; }
+    };
+    Speculative speculative;
   };
 
   // Counters for tests and logs (the Prometheus view is SchedulerMetrics).
@@ -85,6 +103,9 @@ class Engine {
     uint64_t wasted_slot_steps = 0;
     // Tokens sampled for requests that had ended when the step's answer arrived.
     uint64_t discarded_tokens = 0;
+    // Speculative decoding: tokens proposed, and of those kept.
+    uint64_t draft_tokens = 0;
+    uint64_t accepted_draft_tokens = 0;
     int running = 0;
     int waiting = 0;
     int kv_blocks_used = 0;
@@ -132,6 +153,13 @@ class Engine {
   // Sends `plan` as the next step. Its requests advance as if it had run: their computed
   // tokens, and a pending token for each that samples.
   void Launch(const StepPlan& plan, Clock::time_point planned);
+  // Speculative decoding: gives the plan's decodes the tokens the proposer expects next,
+  // within the step's token budget and the KV blocks free now.
+  void AttachDrafts(StepPlan& plan);
+  // After a step's answer: the acceptance of its drafts (metrics, and each request's
+  // next draft length). `answered` counts the response's tokens per request.
+  void AccountDrafts(const StepPipeline::Step& step,
+                     const std::unordered_map<uint64_t, int>& answered);
   // Waits for the oldest step in flight and applies its answer, or handles its failure.
   void CompleteOldestStep();
   void ApplyStep(const StepPipeline::Step& step, const worker::v1::StepResponse& response);

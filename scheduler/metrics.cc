@@ -87,6 +87,26 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
                               "step's answer arrived (a step sent before the last one's answer).");
   preemptions_ =
       counter("conveyor_preemptions_total", "Requests preempted (KV freed, recomputed later).");
+  draft_tokens_ = counter("conveyor_spec_draft_tokens_total",
+                          "Speculative decoding: draft tokens proposed and verified.");
+  accepted_draft_tokens_ =
+      counter("conveyor_spec_accepted_tokens_total",
+              "Speculative decoding: draft tokens kept (each one a step saved).");
+  verifications_ = counter("conveyor_spec_verifications_total",
+                           "Speculative decoding: sequences verified with drafts, per step "
+                           "(accepted ÷ verifications is the mean accepted length).");
+  position_drafts_ = &prometheus::BuildCounter()
+                          .Name("conveyor_spec_position_drafts_total")
+                          .Help(
+                              "Speculative decoding: draft tokens proposed at each position "
+                              "(0: the first after the last known token).")
+                          .Register(registry);
+  position_accepted_ = &prometheus::BuildCounter()
+                            .Name("conveyor_spec_position_accepted_total")
+                            .Help(
+                                "Speculative decoding: draft tokens kept at each position "
+                                "(÷ proposed: the acceptance rate per position).")
+                            .Register(registry);
   worker_failures_ = counter("conveyor_worker_failures_total",
                              "Worker failures seen: failed or timed-out steps, failed liveness "
                              "checks (a rank that died, hung or restarted).");
@@ -171,6 +191,18 @@ void SchedulerMetrics::AddPrefillTokens(int n) { prefill_tokens_->Increment(n); 
 void SchedulerMetrics::AddGeneratedTokens(int n) { generated_tokens_->Increment(n); }
 void SchedulerMetrics::AddDiscardedTokens(int n) { discarded_tokens_->Increment(n); }
 void SchedulerMetrics::AddPreemptions(int n) { preemptions_->Increment(n); }
+
+void SchedulerMetrics::ObserveDrafts(int drafted, int kept) {
+  draft_tokens_->Increment(drafted);
+  accepted_draft_tokens_->Increment(kept);
+  verifications_->Increment();
+  for (int p = 0; p < drafted; ++p) {
+    const prometheus::Labels labels{
+        {"model", model_}, {"policy", policy_}, {"position", std::to_string(p)}};
+    position_drafts_->Add(labels).Increment();
+    if (p < kept) position_accepted_->Add(labels).Increment();
+  }
+}
 
 void SchedulerMetrics::AddPrefixCacheLookups(uint64_t queries, uint64_t hits) {
   prefix_queries_->Increment(static_cast<double>(queries));

@@ -39,6 +39,9 @@ class SchedulerMetrics {
   // Tokens sampled for requests that had ended by the time the step's answer arrived.
   void AddDiscardedTokens(int n);
   void AddPreemptions(int n);
+  // Speculative decoding: one sequence's `drafted` draft tokens in a step, of which the
+  // first `kept` were kept.
+  void ObserveDrafts(int drafted, int kept);
   void AddPrefixCacheLookups(uint64_t queries, uint64_t hits);
   void CountRejected(absl::StatusCode code, FrontEnd api = FrontEnd::kGrpc);
   // The HTTP front's connections open now, and what its transport refused by itself
@@ -76,6 +79,12 @@ class SchedulerMetrics {
   prometheus::Counter* generated_tokens_;
   prometheus::Counter* discarded_tokens_;
   prometheus::Counter* preemptions_;
+  prometheus::Counter* draft_tokens_;
+  prometheus::Counter* accepted_draft_tokens_;
+  prometheus::Counter* verifications_;
+  // Per draft position (0: the first token proposed): proposed, and kept.
+  prometheus::Family<prometheus::Counter>* position_drafts_;
+  prometheus::Family<prometheus::Counter>* position_accepted_;
   prometheus::Counter* worker_failures_;
   prometheus::Counter* worker_recoveries_;
   prometheus::Counter* resumed_requests_;

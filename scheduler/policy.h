@@ -17,6 +17,9 @@ namespace conveyor::scheduler {
 struct ScheduledSequence {
   Request* request = nullptr;
   int num_tokens = 0;  // Tokens to compute this step (a prefill chunk, or 1 to decode).
+  // Speculative decoding (a decode only): tokens proposed to follow the last one, which
+  // the workers compute in the same pass and keep where they match what is sampled.
+  std::vector<int32_t> draft;
 };
 
 struct StepPlan {

@@ -71,6 +71,11 @@ struct Request {
   BlockTable blocks;
   // Tokens whose K/V the workers hold once the steps in flight have run.
   int num_computed = 0;
+  // Speculative decoding: draft tokens the step in flight verifies (answers beyond the
+  // first token are kept drafts, at most this many), and how many to propose next time
+  // (it follows the acceptance: up after a draft was kept whole, down after a miss).
+  int num_drafts_in_flight = 0;
+  int draft_length = 0;
   // Counts the times the request lost its blocks (preempted, or kept through a worker
   // failure), so that the answer to a step planned before can tell.
   uint32_t residency = 0;

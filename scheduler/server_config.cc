@@ -16,6 +16,24 @@ absl::Status ValidateServerConfig(const ServerConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_steps_in_flight must be 0 (choose), 1 or 2, got ", config.max_steps_in_flight));
   }
+  const Engine::Options::Speculative& spec = config.speculative;
+  if (spec.method != "off" && spec.method != "ngram") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative_method must be off or ngram, got \"", spec.method, "\""));
+  }
+  if (spec.num_tokens < 1 || spec.num_tokens > 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--num_speculative_tokens must be in [1, 32], got ", spec.num_tokens));
+  }
+  if (spec.ngram.min_n < 1 || spec.ngram.max_n < spec.ngram.min_n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prompt_lookup_min must be >= 1 and --prompt_lookup_max >= it, got ",
+                     spec.ngram.min_n, " and ", spec.ngram.max_n));
+  }
+  if (spec.max_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative_max_batch must be >= 1, got ", spec.max_batch));
+  }
   if (config.worker_tls.any() && !config.worker_tls.complete()) {
     return absl::InvalidArgumentError(
         "mTLS to the workers needs all of --worker_tls_ca_file, --worker_tls_cert_file and "
@@ -80,6 +98,14 @@ ReplicaSettings MakeReplicaSettings(const ServerConfig& config, const WorkerGrou
     s.engine.max_steps_in_flight = 1;
   }
   s.engine.worker_recovery_timeout = config.worker_recovery_timeout;
+  s.engine.speculative = config.speculative;
+  s.engine.speculative.max_step_tokens = config.policy.limits.max_step_tokens;
+  if (s.engine.speculative.enabled() && s.engine.max_steps_in_flight > 1) {
+    spdlog::info(
+        "speculative decoding: one step in flight at a time (how many tokens a step keeps is "
+        "known only from its answer)");
+    s.engine.max_steps_in_flight = 1;
+  }
 
   s.limits.vocab_size = model.vocab_size();
   s.limits.max_context_tokens = model.max_context_tokens();

@@ -60,6 +60,8 @@ struct ServerConfig {
   uint64_t kv_cache_bytes = 0;  // Per rank; 0: each worker sizes it.
   bool enable_prefix_caching = true;
   int max_steps_in_flight = 0;  // 0 chooses (ReplicaSettings).
+  // Speculative decoding (max_step_tokens is filled in from the policy's limits).
+  Engine::Options::Speculative speculative;
 
   // The workers.
   std::vector<std::string> worker_addresses;  // Rank 0 first.

@@ -37,6 +37,18 @@ TEST(ServerConfigTest, RefusalsNameTheFlagToFix) {
        "--max_steps_in_flight"},
       {"worker CA alone", [](ServerConfig& c) { c.worker_tls.ca_file = "ca.pem"; },
        "--worker_tls_cert_file"},
+      {"an unknown proposer", [](ServerConfig& c) { c.speculative.method = "eagle"; },
+       "--speculative_method"},
+      {"33 draft tokens", [](ServerConfig& c) { c.speculative.num_tokens = 33; },
+       "--num_speculative_tokens"},
+      {"lookup max below min",
+       [](ServerConfig& c) {
+         c.speculative.ngram.min_n = 3;
+         c.speculative.ngram.max_n = 2;
+       },
+       "--prompt_lookup_max"},
+      {"no batch for drafts", [](ServerConfig& c) { c.speculative.max_batch = 0; },
+       "--speculative_max_batch"},
       {"HTTP without I/O threads",
        [](ServerConfig& c) {
          c.http.port = 8000;
@@ -129,6 +141,13 @@ TEST(ServerConfigTest, StepsInFlightFollowWhereTheWorkersCompute) {
   two.max_steps_in_flight = 2;
   EXPECT_EQ(MakeReplicaSettings(two, Workers(true, true), 1, {}).engine.max_steps_in_flight, 2);
   EXPECT_EQ(MakeReplicaSettings(two, Workers(false, false), 1, {}).engine.max_steps_in_flight, 1);
+  // Speculating, one step at a time (a step's kept drafts are known from its answer);
+  // the engine gets the step budget the drafts count against.
+  two.speculative.method = "ngram";
+  two.policy.limits.max_step_tokens = 512;
+  const ReplicaSettings spec = MakeReplicaSettings(two, Workers(false, true), 1, {});
+  EXPECT_EQ(spec.engine.max_steps_in_flight, 1);
+  EXPECT_EQ(spec.engine.speculative.max_step_tokens, 512);
 }
 
 }  // namespace

@@ -42,6 +42,16 @@ ABSL_FLAG(int, max_steps_in_flight, 0,
           "while the last one runs (the workers never wait for the scheduler; a request that "
           "stops is computed once more), 1 waits for each answer first, 0 chooses: 1 when a "
           "worker computes on its host's CPU cores (the CPU backend), else 2.");
+ABSL_FLAG(std::string, speculative_method, "off",
+          "Speculative decoding: off, or ngram (prompt lookup: tokens that followed the last "
+          "n tokens where they occurred before in the prompt or output). Outputs are the same "
+          "as without it; see docs/speculative-decoding.md.");
+ABSL_FLAG(int, num_speculative_tokens, 4, "Speculative decoding: most draft tokens per step.");
+ABSL_FLAG(int, prompt_lookup_min, 2, "ngram: shortest suffix matched.");
+ABSL_FLAG(int, prompt_lookup_max, 4, "ngram: longest suffix matched (tried first).");
+ABSL_FLAG(int, speculative_max_batch, 8,
+          "Speculative decoding: decodes in a step above which none gets drafts (a large "
+          "batch is no longer bound by reading the weights).");
 ABSL_FLAG(double, worker_recovery_timeout_s, 120,
           "After a worker failure, how long requests wait for the workers to be back (resumed "
           "by recompute) before they fail with UNAVAILABLE.");
@@ -180,6 +190,11 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   c.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   c.max_steps_in_flight = absl::GetFlag(FLAGS_max_steps_in_flight);
+  c.speculative.method = absl::GetFlag(FLAGS_speculative_method);
+  c.speculative.num_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
+  c.speculative.ngram.min_n = absl::GetFlag(FLAGS_prompt_lookup_min);
+  c.speculative.ngram.max_n = absl::GetFlag(FLAGS_prompt_lookup_max);
+  c.speculative.max_batch = absl::GetFlag(FLAGS_speculative_max_batch);
 
   c.worker_addresses = absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace());
   c.scheduler_id = absl::GetFlag(FLAGS_scheduler_id);

@@ -37,6 +37,7 @@ worker::v1::StepRequest StepEncoder::Encode(const StepPlan& plan) {
       seq->set_seq_id(r->id);
       seq->set_num_tokens(s.num_tokens);
       seq->mutable_new_block_ids()->Add(blocks.begin() + held->second, blocks.end());
+      seq->mutable_draft_token_ids()->Add(s.draft.begin(), s.draft.end());
     }
   }
   return step;

@@ -33,7 +33,10 @@ void StepPipeline::Launch(const StepPlan& plan, const worker::v1::StepRequest& r
       r->tokens.push_back(kPendingToken);
       ++r->num_pending_tokens;
     }
-    step.sequences.push_back({r->id, s.num_tokens, r->num_computed, r->residency});
+    r->num_drafts_in_flight = static_cast<int>(s.draft.size());
+    step.num_drafts += r->num_drafts_in_flight;
+    step.sequences.push_back(
+        {r->id, s.num_tokens, r->num_computed, r->residency, r->num_drafts_in_flight});
   }
   // One step at a time, the executor's plain call (for one rank a blocking gRPC call,
   // the cheapest round trip); else the call returns before the answer.
@@ -69,6 +72,7 @@ void StepPipeline::TakeBack(const Step* failed, RequestTable& requests) {
   for (auto& [id, r] : requests) {
     r->tokens.resize(r->num_known_tokens());
     r->num_pending_tokens = 0;
+    r->num_drafts_in_flight = 0;
   }
 }
 

@@ -38,11 +38,13 @@ class StepPipeline {
       int num_tokens = 0;          // Computed by this step.
       int num_computed_after = 0;  // The request's computed tokens once this step ran.
       uint32_t residency = 0;      // Request::residency when planned.
+      int num_drafts = 0;          // Draft tokens it verifies (beyond num_tokens).
     };
     std::vector<Sequence> sequences;
     std::unique_ptr<StepCall> call;
     Clock::time_point planned;  // When its planning began.
     int num_tokens = 0;
+    int num_drafts = 0;      // Draft tokens of all its sequences.
     int prefill_tokens = 0;  // Prompt tokens among num_tokens.
     int batch_slots = 0;
     int wasted_slots = 0;

@@ -24,6 +24,24 @@ absl::Status Invalid(uint64_t seq_id, const std::string& what) {
 // Compiled grammars a runner keeps, with their masks (MaskCache bounds each: a few MiB).
 constexpr size_t kMaxCachedGrammars = 64;
 
+void AddSampled(uint64_t seq_id, const model::SampleResult& result, bool with_logprob,
+                v1::StepResponse* response) {
+  v1::SampledToken* out = response->add_tokens();
+  out->set_seq_id(seq_id);
+  out->set_token_id(result.token_id);
+  if (with_logprob) {
+    out->set_logprob(result.logprob);
+    for (const model::TokenLogprob& alt : result.top_logprobs) {
+      v1::TokenLogprob* t = out->add_top_logprobs();
+      t->set_token_id(alt.token_id);
+      t->set_logprob(alt.logprob);
+    }
+  }
+}
+
+// Draft tokens one sequence may carry in a step (RunningSequence.draft_token_ids).
+constexpr int kMaxDraftTokens = 32;
+
 }  // namespace
 
 StepRunner::StepRunner(model::LlamaModel* model, model::KvCache* cache, const Options& options)
@@ -211,10 +229,28 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
     if (!seen.insert(id).second) return Invalid(id, "scheduled twice in one step");
     RETURN_IF_ERROR(ValidateBlocks(r.new_block_ids(), "new_block_ids", id));
     const Sequence& s = it->second;
-    RETURN_IF_ERROR(
-        check_capacity(id, s.num_computed, r.num_tokens(), static_cast<int64_t>(s.tokens.size()),
-                       static_cast<int64_t>(s.block_table.size()) + r.new_block_ids_size()));
-    scheduled->push_back({id, nullptr, &r, r.num_tokens(), nullptr, nullptr});
+    const int drafts = r.draft_token_ids_size();
+    if (drafts > 0) {
+      if (drafts > kMaxDraftTokens) {
+        return Invalid(id, absl::StrCat("carries ", drafts, " draft tokens, above the limit of ",
+                                        kMaxDraftTokens));
+      }
+      if (r.num_tokens() != 1 || s.num_computed + 1 != static_cast<int>(s.tokens.size())) {
+        return Invalid(id, "draft_token_ids needs a decode: num_tokens 1, on the last token");
+      }
+      for (int32_t token : r.draft_token_ids()) {
+        if (token < 0 || token >= config.vocab_size) {
+          return Invalid(id,
+                         absl::StrCat("draft token id ", token, " is outside the vocabulary [0, ",
+                                      config.vocab_size, ")"));
+        }
+      }
+    }
+    // The drafts count as tokens the sequence knows and computes this step.
+    RETURN_IF_ERROR(check_capacity(
+        id, s.num_computed, r.num_tokens() + drafts, static_cast<int64_t>(s.tokens.size()) + drafts,
+        static_cast<int64_t>(s.block_table.size()) + r.new_block_ids_size()));
+    scheduled->push_back({id, nullptr, &r, r.num_tokens() + drafts, nullptr, nullptr});
   }
   for (const v1::NewSequence& n : request.new_sequences()) {
     const uint64_t id = n.seq_id();
@@ -291,9 +327,11 @@ void StepRunner::BuildBatch(const std::vector<Scheduled>& scheduled) {
       batch_.slot_mapping.push_back(seq.block_table[pos / block_size] * block_size +
                                     pos % block_size);
     }
-    // A sequence samples once every token it knows has been computed.
+    // A sequence samples once every token it knows has been computed: its last token's
+    // row, after the row of the last token and each draft before it.
     if (seq.num_computed + scheduled[i].num_tokens == static_cast<int>(seq.tokens.size())) {
-      batch_.logit_rows.push_back(batch_.num_tokens() - 1);
+      for (int j = seq.num_drafts; j >= 0; --j)
+        batch_.logit_rows.push_back(batch_.num_tokens() - 1 - j);
       sampling_seqs_.push_back(scheduled[i].seq_id);
     }
   }
@@ -331,6 +369,27 @@ absl::Status StepRunner::Step(const v1::StepRequest& request, v1::StepResponse* 
   return status;
 }
 
+int32_t StepRunner::SampleInto(uint64_t step_id, uint64_t seq_id, Sequence& seq,
+                               std::vector<float>& row, v1::StepResponse* response) {
+  const std::span<const int32_t> all(seq.tokens);
+  if (logits_tap_ != nullptr) logits_tap_->OnLogits(step_id, seq_id, row);
+  if (seq.matcher != nullptr) ComputeMask(seq);
+  const model::SampleResult result = sampler_.Sample(
+      row, seq.sampling, all.first(seq.num_prompt_tokens), all.subspan(seq.num_prompt_tokens),
+      seq.tokens.size() - seq.num_prompt_tokens, seq.sampling.num_logprobs > 0,
+      seq.matcher != nullptr ? mask_.data() : nullptr);
+  if (seq.matcher != nullptr && result.token_id < vocabulary_->size()) {
+    // The mask allowed it, so the bytes are accepted (EOS, which adds none, ends it).
+    seq.matcher->Accept(vocabulary_->bytes(result.token_id));
+    seq.matcher->Commit();
+  }
+  seq.tokens.push_back(result.token_id);
+  if (options_.tp_rank == 0) {
+    AddSampled(seq_id, result, seq.sampling.num_logprobs > 0, response);
+  }
+  return result.token_id;
+}
+
 absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepResponse* response) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<Scheduled> scheduled;
@@ -356,19 +415,27 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
       AddSequence(s.seq_id, std::move(seq));
     } else {
       const auto& added = s.running->new_block_ids();
-      AddBlocks(sequences_.at(s.seq_id), std::span<const int32_t>(added.data(), added.size()));
+      Sequence& seq = sequences_.at(s.seq_id);
+      AddBlocks(seq, std::span<const int32_t>(added.data(), added.size()));
+      const auto& drafts = s.running->draft_token_ids();
+      seq.tokens.insert(seq.tokens.end(), drafts.begin(), drafts.end());
+      seq.num_drafts = drafts.size();
     }
   }
   BuildBatch(scheduled);
 
   const int vocab = model_->config().vocab_size;
-  const int rows = static_cast<int>(sampling_seqs_.size());
+  const int rows = static_cast<int>(batch_.logit_rows.size());
   // Grammar masks are applied on the host: a step with a constrained row samples there.
-  const bool constrained =
-      std::any_of(sampling_seqs_.begin(), sampling_seqs_.end(),
-                  [&](uint64_t id) { return sequences_.at(id).matcher != nullptr; });
+  // Drafts are verified one position after another (each draw sees the tokens kept
+  // before it): on the host too.
+  const bool host_only =
+      std::any_of(sampling_seqs_.begin(), sampling_seqs_.end(), [&](uint64_t id) {
+        const Sequence& seq = sequences_.at(id);
+        return seq.matcher != nullptr || seq.num_drafts > 0;
+      });
   const bool on_device =
-      device_sampler_ != nullptr && rows <= device_sampler_->max_rows() && !constrained;
+      device_sampler_ != nullptr && rows <= device_sampler_->max_rows() && !host_only;
   const auto forward_start = std::chrono::steady_clock::now();
   double forward_ms = 0;
   absl::Status forward;
@@ -396,7 +463,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
   }
   if (!forward.ok()) {
     // The KV cache of the scheduled sequences is now unreliable: forget them so the
-    // scheduler must re-add (recompute) them.
+    // scheduler must re-add (recompute) them (drafts and all).
     for (const Scheduled& s : scheduled) EraseSequence(s.seq_id);
     device_failed_ = true;
     // UNAVAILABLE from a collective: a peer rank went away (the group must be rebuilt,
@@ -412,40 +479,37 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
 
   const auto sample_start = std::chrono::steady_clock::now();
   std::vector<float> row;
+  size_t first_row = 0;
   for (size_t i = 0; i < sampling_seqs_.size(); ++i) {
-    Sequence& seq = sequences_.at(sampling_seqs_[i]);
-    const std::span<const int32_t> all(seq.tokens);
-    const bool want_logprob = seq.sampling.num_logprobs > 0;
-    model::SampleResult result;
-    if (on_device) {
-      result = std::move(sampled_[i]);
-    } else {
-      row.assign(logits_.begin() + i * vocab, logits_.begin() + (i + 1) * vocab);
-      if (logits_tap_ != nullptr) logits_tap_->OnLogits(request.step_id(), sampling_seqs_[i], row);
-      if (seq.matcher != nullptr) ComputeMask(seq);
-      result = sampler_.Sample(row, seq.sampling, all.first(seq.num_prompt_tokens),
-                               all.subspan(seq.num_prompt_tokens),
-                               seq.tokens.size() - seq.num_prompt_tokens, want_logprob,
-                               seq.matcher != nullptr ? mask_.data() : nullptr);
-    }
-    if (seq.matcher != nullptr && result.token_id < vocabulary_->size()) {
-      // The mask allowed it, so the bytes are accepted (EOS, which adds none, ends it).
-      seq.matcher->Accept(vocabulary_->bytes(result.token_id));
-      seq.matcher->Commit();
-    }
-    seq.tokens.push_back(result.token_id);
-    if (options_.tp_rank != 0) continue;
-    v1::SampledToken* out = response->add_tokens();
-    out->set_seq_id(sampling_seqs_[i]);
-    out->set_token_id(result.token_id);
-    if (want_logprob) {
-      out->set_logprob(result.logprob);
-      for (const model::TokenLogprob& alt : result.top_logprobs) {
-        v1::TokenLogprob* t = out->add_top_logprobs();
-        t->set_token_id(alt.token_id);
-        t->set_logprob(alt.logprob);
+    const uint64_t seq_id = sampling_seqs_[i];
+    Sequence& seq = sequences_.at(seq_id);
+    if (on_device) {  // No grammar, no drafts: one row each.
+      const model::SampleResult& result = sampled_[i];
+      seq.tokens.push_back(result.token_id);
+      if (options_.tp_rank == 0) {
+        AddSampled(seq_id, result, seq.sampling.num_logprobs > 0, response);
       }
+      ++first_row;
+      continue;
     }
+    // Row j scores the token after the last one and j drafts. Each draft is kept while
+    // it equals what is sampled at its position, the draw a step without drafts would
+    // make there (same logits, tokens before it, draw index): so the tokens kept are
+    // those that decoding one token per step gives, whatever was proposed.
+    const std::vector<int32_t> drafts(seq.tokens.end() - seq.num_drafts, seq.tokens.end());
+    seq.tokens.resize(seq.tokens.size() - seq.num_drafts);
+    int kept = 0;
+    for (int j = 0; j <= seq.num_drafts; ++j) {
+      row.assign(logits_.begin() + (first_row + j) * vocab,
+                 logits_.begin() + (first_row + j + 1) * vocab);
+      const int32_t token = SampleInto(request.step_id(), seq_id, seq, row, response);
+      if (j == seq.num_drafts || token != drafts[j]) break;
+      ++kept;
+    }
+    first_row += seq.num_drafts + 1;
+    // K/V is good up to the last kept draft; the slots after it are written again later.
+    seq.num_computed -= seq.num_drafts - kept;
+    seq.num_drafts = 0;
   }
   ++steps_executed_;
   response->set_step_id(request.step_id());

@@ -95,6 +95,9 @@ class StepRunner {
     std::vector<int32_t> tokens;  // Prompt, then generated tokens.
     int num_prompt_tokens = 0;
     int num_computed = 0;  // Tokens whose K/V are in the cache.
+    // During a step: draft tokens appended to `tokens` for verification (computed with
+    // the last token, then kept or cut back once sampled).
+    int num_drafts = 0;
     std::vector<int32_t> block_table;
     model::SamplingParams sampling;
     // Structured output: where the output stands in its grammar, and the grammar's
@@ -107,7 +110,7 @@ class StepRunner {
     uint64_t seq_id = 0;
     const v1::NewSequence* new_seq = nullptr;  // Null for running sequences.
     const v1::RunningSequence* running = nullptr;
-    int num_tokens = 0;
+    int num_tokens = 0;  // Draft tokens included.
     // A new constrained sequence's matcher, its output so far accepted, and its masks.
     std::unique_ptr<grammar::Matcher> matcher;
     std::shared_ptr<grammar::MaskCache> masks;
@@ -132,6 +135,10 @@ class StepRunner {
   void EraseSequence(uint64_t seq_id);
   void ClearSequences();
   void BuildBatch(const std::vector<Scheduled>& scheduled);
+  // Samples `seq`'s next token from `row` as a step without drafts would (grammar, logits
+  // tap, draw index), appends it and reports it (rank 0).
+  int32_t SampleInto(uint64_t step_id, uint64_t seq_id, Sequence& seq, std::vector<float>& row,
+                     v1::StepResponse* response);
   // Step without the ordering bookkeeping.
   absl::Status RunStep(const v1::StepRequest& request, v1::StepResponse* response);
   // ABORTED unless `request` may run now: after its previous_step_id, which ran; not
@@ -157,8 +164,9 @@ class StepRunner {
 
   // Per-step scratch.
   model::ForwardBatch batch_;
-  std::vector<uint64_t> sampling_seqs_;  // Sequence of each logit row.
-  std::vector<float> logits_;            // [rows, vocab] when sampled on the host.
+  // Sequences that sample, in logit-row order: 1 + num_drafts rows each.
+  std::vector<uint64_t> sampling_seqs_;
+  std::vector<float> logits_;  // [rows, vocab] when sampled on the host.
   std::vector<model::RowToSample> rows_to_sample_;
   std::vector<model::SampleResult> sampled_;
   grammar::Bitmask mask_;

@@ -190,6 +190,24 @@ def build():
                                 ("generated", "conveyor_request_generated_tokens"))
              for q in (0.5, 0.9)], "short", 6, 8)
 
+    g.row("Speculative decoding")
+    g.panel("timeseries", "Draft tokens/s",
+            "Draft tokens proposed and verified, and those kept (each a decode step saved) "
+            "(docs/speculative-decoding.md).",
+            [(f"sum({rate('conveyor_spec_draft_tokens_total')})", "proposed"),
+             (f"sum({rate('conveyor_spec_accepted_tokens_total')})", "kept")], "short", 8, 8)
+    g.panel("timeseries", "Mean accepted length",
+            "Draft tokens kept per sequence verified (+1 is the tokens a speculating "
+            "sequence gets per step).",
+            [(ratio(rate("conveyor_spec_accepted_tokens_total"),
+                    rate("conveyor_spec_verifications_total")), "kept per verification")],
+            "short", 8, 8)
+    g.panel("timeseries", "Acceptance rate by draft position",
+            "Drafts kept / proposed at each position after the last known token.",
+            [(ratio(rate("conveyor_spec_position_accepted_total"),
+                    rate("conveyor_spec_position_drafts_total"), by="position"),
+              "position {{position}}")], "percentunit", 8, 8, min=0, max=1)
+
     g.row("KV cache")
     g.panel("timeseries", "KV blocks", "Blocks referenced by live requests, and blocks held.",
             [(f"sum(conveyor_kv_blocks_used{{{SCHED}}})", "used"),

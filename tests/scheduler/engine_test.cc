@@ -46,7 +46,8 @@ class EngineTest : public ::testing::Test {
  protected:
   // A fresh worker + engine with `num_blocks` KV blocks.
   void Start(const std::string& policy, int num_blocks, int max_num_seqs = 16,
-             int max_step_tokens = 64, int max_queue = 1024, int max_steps_in_flight = 2) {
+             int max_step_tokens = 64, int max_queue = 1024, int max_steps_in_flight = 2,
+             const Engine::Options::Speculative& speculative = {}) {
     engine_.reset();
     worker_ = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, num_blocks, kBlockSize);
     ASSERT_NE(worker_, nullptr);
@@ -72,6 +73,8 @@ class EngineTest : public ::testing::Test {
     engine_options.max_queue = max_queue;
     engine_options.max_steps_in_flight = max_steps_in_flight;
     engine_options.max_context_tokens = c.max_context_tokens;
+    engine_options.speculative = speculative;
+    engine_options.speculative.max_step_tokens = max_step_tokens;
     engine_ = std::make_unique<Engine>(engine_options, *MakePolicy(options), executor_.get(),
                                        tokenizer_.get(), nullptr);
   }
@@ -241,6 +244,103 @@ TEST_F(EngineTest, TwoStepsInFlightStreamWhatOneDoes) {
     discarded += two_stats.discarded_tokens;
   }
   EXPECT_GT(discarded, 0u) << "no step computed a request that had stopped";
+}
+
+// Speculative decoding (n-gram drafts) changes no stream: against decoding one token per
+// step, every request gets the same tokens, text, logprobs and finish, under every policy
+// and with a cache small enough to preempt; greedy and seeded sampling, stop ids that end
+// requests mid-draft, and max_new_tokens that cut drafts short. Prompts repeat a phrase,
+// so that drafts are proposed and some kept.
+TEST_F(EngineTest, SpeculationStreamsWhatDecodingDoes) {
+  Start("continuous", 256);
+  std::mt19937 rng(17);
+  std::vector<std::pair<std::vector<int32_t>, int>> requests;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> phrase(2 + rng() % 5);
+    for (int32_t& t : phrase) t = 3 + rng() % (limits_.vocab_size - 3);
+    std::vector<int32_t> prompt;
+    for (int r = 0; r < 3 + static_cast<int>(rng() % 3); ++r) {
+      prompt.insert(prompt.end(), phrase.begin(), phrase.end());
+    }
+    requests.emplace_back(prompt, 4 + rng() % 60);
+  }
+  auto edit = [](size_t i, int32_t stop_id) {
+    return [i, stop_id](v1::GenerateRequest& r) {
+      if (i % 2 == 1) {
+        r.set_temperature(0.7f);
+        r.set_seed(300 + i);
+      }
+      r.set_logprobs(static_cast<int>(i % 3));
+      if (stop_id >= 0) r.add_stop_token_ids(stop_id);
+    };
+  };
+  struct Stream {
+    std::vector<int> tokens;
+    std::string text;
+    std::string last;
+  };
+  Engine::Options::Speculative ngram;
+  ngram.method = "ngram";
+  ngram.num_tokens = 4;
+  ngram.ngram = {1, 3};
+  ngram.max_batch = 64;
+  auto run = [&](const std::string& policy, int num_blocks,
+                 const Engine::Options::Speculative& spec, const std::vector<int32_t>& stop_ids,
+                 Engine::Stats* stats) {
+    Start(policy, num_blocks, 16, 64, 1024, 1, spec);
+    engine_->Start();
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      sinks.push_back(Submit(requests[i].first, requests[i].second, edit(i, stop_ids[i])));
+    }
+    std::vector<Stream> out;
+    for (auto& sink : sinks) {
+      EXPECT_TRUE(sink->WaitDone());
+      EXPECT_TRUE(sink->status_.ok()) << sink->status_;
+      v1::GenerateResponse last = sink->last_;
+      last.mutable_usage()->clear_queue_time_ms();
+      last.mutable_usage()->clear_time_to_first_token_ms();
+      last.mutable_usage()->clear_e2e_latency_ms();
+      last.mutable_usage()->clear_preemptions();
+      out.push_back({sink->tokens_, sink->text_, last.SerializeAsString()});
+    }
+    for (int i = 0; i < 5000 && engine_->stats().kv_blocks_used != 0; ++i) {
+      std::this_thread::sleep_for(1ms);
+    }
+    engine_->Stop(absl::OkStatus());
+    *stats = engine_->stats();
+    EXPECT_EQ(stats->kv_blocks_used, 0);
+    return out;
+  };
+  Engine::Stats stats;
+  const std::vector<Stream> free_run =
+      run("continuous", 256, {}, std::vector<int32_t>(requests.size(), -1), &stats);
+  std::vector<int32_t> stop_ids(requests.size(), -1);
+  for (size_t i = 0; i < requests.size(); i += 3) {
+    if (free_run[i].tokens.size() >= 3) {
+      stop_ids[i] = free_run[i].tokens[free_run[i].tokens.size() / 2];
+    }
+  }
+  uint64_t drafted = 0, kept = 0;
+  for (const auto& [policy, blocks] : std::vector<std::pair<std::string, int>>{
+           {"continuous", 256}, {"continuous", 24}, {"static", 256}, {"dynamic", 256}}) {
+    SCOPED_TRACE(::testing::Message() << policy << " with " << blocks << " blocks");
+    Engine::Stats off_stats, on_stats;
+    const std::vector<Stream> off = run(policy, blocks, {}, stop_ids, &off_stats);
+    const std::vector<Stream> on = run(policy, blocks, ngram, stop_ids, &on_stats);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i;
+      EXPECT_EQ(on[i].text, off[i].text) << "request " << i;
+      EXPECT_EQ(on[i].last, off[i].last) << "request " << i;
+    }
+    EXPECT_EQ(off_stats.draft_tokens, 0u);
+    EXPECT_EQ(on_stats.generated_tokens, off_stats.generated_tokens);
+    if (blocks == 256) EXPECT_LT(on_stats.steps, off_stats.steps) << "no step was saved";
+    drafted += on_stats.draft_tokens;
+    kept += on_stats.accepted_draft_tokens;
+  }
+  EXPECT_GT(kept, 0u) << drafted << " drafted";
+  EXPECT_LT(kept, drafted) << "every draft was kept: the rejection path went untested";
 }
 
 TEST_F(EngineTest, RepeatedPrefixIsServedFromTheCache) {
