@@ -267,7 +267,14 @@ void Engine::AttachDrafts(StepPlan& plan) {
     const int k = std::min({r->draft_length, budget, r->max_new_tokens - r->num_output_tokens() - 1,
                             options_.max_context_tokens - r->num_tokens() - 1});
     if (k <= 0) continue;
-    std::vector<int32_t> draft = ProposeNgram(r->tokens, spec.ngram, k);
+    std::vector<int32_t> draft;
+    if (spec.method == "suffix") {
+      if (r->suffix_index == nullptr) r->suffix_index = std::make_unique<SuffixIndex>();
+      r->suffix_index->Extend(r->tokens);  // Every token is known: none is pending.
+      draft = r->suffix_index->Propose(r->tokens, spec.ngram.min_n, k);
+    } else {
+      draft = ProposeNgram(r->tokens, spec.ngram, k);
+    }
     if (draft.empty()) continue;
     // Their KV slots, from free blocks only (a draft never preempts anyone).
     const int need = r->num_computed + 1 + static_cast<int>(draft.size());

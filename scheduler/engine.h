@@ -80,8 +80,10 @@ class Engine {
     // each step once the last one's answer is in (max_steps_in_flight counts as 1): how
     // many tokens a step keeps is known only then.
     struct Speculative {
-      std::string method = "off";  // off or ngram.
-      int num_tokens = 4;          // Most draft tokens per sequence and step.
+      // off; ngram (prompt lookup, ngram_proposer.h); suffix (the longest repeat,
+      // suffix_proposer.h; prompt_lookup_min is its shortest match).
+      std::string method = "off";
+      int num_tokens = 4;  // Most draft tokens per sequence and step.
       NgramOptions ngram;
       // Decodes in a step above which no draft is proposed: with many sequences a step
       // is no longer bound by reading the weights, and verifying drafts costs compute.

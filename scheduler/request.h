@@ -15,6 +15,7 @@
 #include "scheduler/detokenizer.h"
 #include "scheduler/front_end.h"
 #include "scheduler/stop_matcher.h"
+#include "scheduler/suffix_proposer.h"
 #include "worker.pb.h"
 
 namespace conveyor::scheduler {
@@ -76,6 +77,8 @@ struct Request {
   // (it follows the acceptance: up after a draft was kept whole, down after a miss).
   int num_drafts_in_flight = 0;
   int draft_length = 0;
+  // --speculative_method=suffix: the index of its tokens, made at its first proposal.
+  std::unique_ptr<SuffixIndex> suffix_index;
   // Counts the times the request lost its blocks (preempted, or kept through a worker
   // failure), so that the answer to a step planned before can tell.
   uint32_t residency = 0;

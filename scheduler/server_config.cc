@@ -17,9 +17,9 @@ absl::Status ValidateServerConfig(const ServerConfig& config) {
         "--max_steps_in_flight must be 0 (choose), 1 or 2, got ", config.max_steps_in_flight));
   }
   const Engine::Options::Speculative& spec = config.speculative;
-  if (spec.method != "off" && spec.method != "ngram") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--speculative_method must be off or ngram, got \"", spec.method, "\""));
+  if (spec.method != "off" && spec.method != "ngram" && spec.method != "suffix") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative_method must be off, ngram or suffix, got \"", spec.method, "\""));
   }
   if (spec.num_tokens < 1 || spec.num_tokens > 32) {
     return absl::InvalidArgumentError(

@@ -43,11 +43,12 @@ ABSL_FLAG(int, max_steps_in_flight, 0,
           "stops is computed once more), 1 waits for each answer first, 0 chooses: 1 when a "
           "worker computes on its host's CPU cores (the CPU backend), else 2.");
 ABSL_FLAG(std::string, speculative_method, "off",
-          "Speculative decoding: off, or ngram (prompt lookup: tokens that followed the last "
-          "n tokens where they occurred before in the prompt or output). Outputs are the same "
-          "as without it; see docs/speculative-decoding.md.");
+          "Speculative decoding: off; ngram (prompt lookup: tokens that followed the last n "
+          "tokens where they occurred before in the prompt or output); suffix (what followed "
+          "the longest suffix that occurred before, any length). Outputs are the same as "
+          "without it; see docs/speculative-decoding.md.");
 ABSL_FLAG(int, num_speculative_tokens, 4, "Speculative decoding: most draft tokens per step.");
-ABSL_FLAG(int, prompt_lookup_min, 2, "ngram: shortest suffix matched.");
+ABSL_FLAG(int, prompt_lookup_min, 2, "ngram and suffix: shortest suffix matched.");
 ABSL_FLAG(int, prompt_lookup_max, 4, "ngram: longest suffix matched (tried first).");
 ABSL_FLAG(int, speculative_max_batch, 8,
           "Speculative decoding: decodes in a step above which none gets drafts (a large "

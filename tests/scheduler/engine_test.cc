@@ -246,7 +246,7 @@ TEST_F(EngineTest, TwoStepsInFlightStreamWhatOneDoes) {
   EXPECT_GT(discarded, 0u) << "no step computed a request that had stopped";
 }
 
-// Speculative decoding (n-gram drafts) changes no stream: against decoding one token per
+// Speculative decoding (n-gram and suffix drafts) changes no stream: against decoding one token per
 // step, every request gets the same tokens, text, logprobs and finish, under every policy
 // and with a cache small enough to preempt; greedy and seeded sampling, stop ids that end
 // requests mid-draft, and max_new_tokens that cut drafts short. Prompts repeat a phrase,
@@ -321,26 +321,35 @@ TEST_F(EngineTest, SpeculationStreamsWhatDecodingDoes) {
       stop_ids[i] = free_run[i].tokens[free_run[i].tokens.size() / 2];
     }
   }
-  uint64_t drafted = 0, kept = 0;
+  Engine::Options::Speculative suffix = ngram;
+  suffix.method = "suffix";
+  std::map<std::string, std::pair<uint64_t, uint64_t>> drafted_kept;
   for (const auto& [policy, blocks] : std::vector<std::pair<std::string, int>>{
            {"continuous", 256}, {"continuous", 24}, {"static", 256}, {"dynamic", 256}}) {
-    SCOPED_TRACE(::testing::Message() << policy << " with " << blocks << " blocks");
-    Engine::Stats off_stats, on_stats;
+    Engine::Stats off_stats;
     const std::vector<Stream> off = run(policy, blocks, {}, stop_ids, &off_stats);
-    const std::vector<Stream> on = run(policy, blocks, ngram, stop_ids, &on_stats);
-    for (size_t i = 0; i < requests.size(); ++i) {
-      EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i;
-      EXPECT_EQ(on[i].text, off[i].text) << "request " << i;
-      EXPECT_EQ(on[i].last, off[i].last) << "request " << i;
-    }
     EXPECT_EQ(off_stats.draft_tokens, 0u);
-    EXPECT_EQ(on_stats.generated_tokens, off_stats.generated_tokens);
-    if (blocks == 256) EXPECT_LT(on_stats.steps, off_stats.steps) << "no step was saved";
-    drafted += on_stats.draft_tokens;
-    kept += on_stats.accepted_draft_tokens;
+    for (const Engine::Options::Speculative& spec : {ngram, suffix}) {
+      SCOPED_TRACE(::testing::Message()
+                   << spec.method << ", " << policy << " with " << blocks << " blocks");
+      Engine::Stats on_stats;
+      const std::vector<Stream> on = run(policy, blocks, spec, stop_ids, &on_stats);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i;
+        EXPECT_EQ(on[i].text, off[i].text) << "request " << i;
+        EXPECT_EQ(on[i].last, off[i].last) << "request " << i;
+      }
+      EXPECT_EQ(on_stats.generated_tokens, off_stats.generated_tokens);
+      if (blocks == 256) EXPECT_LT(on_stats.steps, off_stats.steps) << "no step was saved";
+      drafted_kept[spec.method].first += on_stats.draft_tokens;
+      drafted_kept[spec.method].second += on_stats.accepted_draft_tokens;
+    }
   }
-  EXPECT_GT(kept, 0u) << drafted << " drafted";
-  EXPECT_LT(kept, drafted) << "every draft was kept: the rejection path went untested";
+  for (const auto& [method, counts] : drafted_kept) {
+    const auto [drafted, kept] = counts;
+    EXPECT_GT(kept, 0u) << method << ": " << drafted << " drafted";
+    EXPECT_LT(kept, drafted) << method << ": every draft was kept, the rejection path untested";
+  }
 }
 
 TEST_F(EngineTest, RepeatedPrefixIsServedFromTheCache) {
