@@ -128,6 +128,15 @@ STEP_SEQUENCES = {
         'step_id: 2 running { seq_id: 1 num_tokens: 1 }',
         'step_id: 3 dropped_seq_ids: [1]',
     ],
+    # Speculative decoding: drafts verified in a decode (some kept, some not, against the
+    # tokens the tiny model samples), then more than the blocks hold.
+    "drafts": [
+        'step_id: 1 new_sequences { seq_id: 4 token_ids: [1, 10, 20, 30, 10, 20] num_tokens: 6 '
+        'block_ids: [0, 1] sampling { temperature: 0.7 seed: 5 num_logprobs: 1 } }',
+        'step_id: 2 running { seq_id: 4 num_tokens: 1 draft_token_ids: [30, 10, 20] }',
+        'step_id: 3 running { seq_id: 4 num_tokens: 1 new_block_ids: [2] '
+        'draft_token_ids: [10, 20, 30, 10, 20, 30, 10, 20, 30, 10, 20] }',
+    ],
     "chunked_prefill": [
         'step_id: 1 new_sequences { seq_id: 7 token_ids: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, '
         '12, 13, 14, 15, 16, 17, 18] num_tokens: 10 block_ids: [3] '
