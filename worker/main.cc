@@ -156,6 +156,13 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("conveyor"));
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
 
+  // A write to a socket whose peer is gone must fail with EPIPE, not end the process:
+  // Gloo writes to the other ranks with plain writev, so without this a rank killed
+  // mid-all-reduce took the ranks writing to it down too (silently, by SIGPIPE), and the
+  // group could not recover. With it the collective fails, the step is UNAVAILABLE, and
+  // the scheduler re-initialises the group (docs/failure-handling.md).
+  std::signal(SIGPIPE, SIG_IGN);
+
   // Signals go to the waiting thread only; block them before gRPC starts its threads.
   sigset_t signals;
   sigemptyset(&signals);
