@@ -15,6 +15,9 @@
 namespace conveyor::scheduler {
 
 struct ScheduledSequence {
+  ScheduledSequence() = default;
+  ScheduledSequence(Request* request, int num_tokens) : request(request), num_tokens(num_tokens) {}
+
   Request* request = nullptr;
   int num_tokens = 0;  // Tokens to compute this step (a prefill chunk, or 1 to decode).
   // Speculative decoding (a decode only): tokens proposed to follow the last one, which

