@@ -307,6 +307,13 @@ TEST(ChaosTest, MixtureOfExpertsRankKilledAndRestartedLosesNothing) {
   KillRankOneMidRunLosesNothing({"--model=" + TestModelDir("qwen3_moe")});
 }
 
+// Speculative decoding through a lost rank: two tensor-parallel ranks verify drafts, rank
+// 1 is killed mid-run, and recovery by recompute (drafts in flight dropped, each request's
+// tokens replayed) still gives every stream its uninterrupted twin's tokens.
+TEST(ChaosTest, SpeculatingTensorParallelRankKilledAndRestartedLosesNothing) {
+  KillRankOneMidRunLosesNothing({"--speculative_method=suffix", "--prompt_lookup_min=1"});
+}
+
 TEST_P(ChaosStepsTest, FrozenWorkerIsAWorkerFailureNotAClientDeadline) {
   const std::vector<std::vector<int>> twin = TwinRun(1);
   const int port = FreePort();
