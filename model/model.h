@@ -150,6 +150,8 @@ class LlamaModel {
   // buffers that must grow later drop every graph (call ReserveActivations first).
   absl::Status EnableDecodeGraphs(int max_batch);
   void DisableDecodeGraphs() { graph_max_batch_ = 0; }
+  // Decode graphs captured since the last drop, one per padded (batch, width) shape.
+  int num_decode_graphs() const { return static_cast<int>(graphs_.size()); }
 
   const ModelConfig& config() const { return config_; }
   // KV heads this rank holds, and so the KV cache's head count.

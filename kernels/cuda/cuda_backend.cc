@@ -9,9 +9,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -122,7 +124,20 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::string name() const override { return name_; }
   size_t activation_bytes() const override { return cuda::DTypeBytes(dtype_); }
-  absl::Status last_error() const override { return error_; }
+  absl::Status last_error() const override {
+    if (error_.ok() && reported_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(reported_mu_);
+      return reported_error_;
+    }
+    return error_;
+  }
+  void ReportFailure(absl::Status status) override {
+    if (status.ok()) return;
+    std::lock_guard<std::mutex> lock(reported_mu_);
+    if (reported_.load(std::memory_order_relaxed)) return;
+    reported_error_ = std::move(status);
+    reported_.store(true, std::memory_order_release);
+  }
   int device() const override { return device_; }
   CudaComputeDtype dtype() const override {
     return dtype_ == DType::kBf16 ? CudaComputeDtype::kBf16 : CudaComputeDtype::kFp16;
@@ -198,6 +213,10 @@ class CudaBackendImpl final : public CudaBackend {
   size_t staging_bytes_ = 0;
   size_t staging_used_ = 0;  // Bytes of the ring in use since the last synchronization.
   absl::Status error_;
+  // ReportFailure's, kept apart from error_ (which only the calling thread touches).
+  mutable std::mutex reported_mu_;
+  std::atomic<bool> reported_{false};
+  absl::Status reported_error_;          // Guarded by reported_mu_.
   std::vector<cudaGraphExec_t> graphs_;  // Replay(id) runs graphs_[id].
   bool capturing_ = false;
 };
@@ -314,6 +333,7 @@ absl::Status CudaBackendImpl::Synchronize() {
   Activate();
   RecordCuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   staging_used_ = 0;
+  if (error_.ok() && reported_.load(std::memory_order_acquire)) Record(last_error());
   return error_;
 }
 

@@ -52,6 +52,11 @@ class CudaBackend : public Backend {
   // The stream every operation is queued on, as a cudaStream_t, for code that queues
   // its own work in order with the backend's (the sampler, NCCL).
   virtual void* stream() const = 0;
+  // Fails the backend from outside its own calls, from any thread: a communicator
+  // whose peer went away (the collectives it queued will never complete as asked). The
+  // first such failure is returned by the next Synchronize() and by last_error() from
+  // then on, unless the backend had already failed by itself.
+  virtual void ReportFailure(absl::Status status) = 0;
 };
 
 // Makes a backend on CUDA device `device`. Fails (never crashes) when there is no

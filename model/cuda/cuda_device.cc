@@ -27,10 +27,10 @@ class CudaDevice final : public Device {
 
   absl::StatusOr<std::unique_ptr<Communicator>> Connect(
       std::string_view collective_id, int rank, int world_size, kernels::Backend* backend,
-      std::chrono::system_clock::time_point) override {
+      std::chrono::system_clock::time_point deadline) override {
     if (world_size <= 1) return MakeSingleRankCommunicator();
     ASSIGN_OR_RETURN(kernels::CudaBackend * cuda, AsCuda(backend));
-    return ConnectNccl(collective_id, rank, world_size, cuda, cuda->dtype());
+    return ConnectNccl(collective_id, rank, world_size, cuda, cuda->dtype(), deadline);
   }
 
   absl::StatusOr<std::unique_ptr<DeviceSampler>> MakeSampler(kernels::Backend* backend,
