@@ -200,6 +200,25 @@ std::string FormatRow(const Row& r) {
                          r.seconds * 1e3, tok_s, floor_ms, ratio, r.bound);
 }
 
+// A NaN or an infinity in a step's logits is a broken forward pass, however fast: the
+// logits on the host, or `device`'s copied there into `host`.
+absl::Status CheckFinite(kernels::Backend& backend, const model::DeviceLogits* device,
+                         std::vector<float>& host, const char* phase, int batch) {
+  if (device != nullptr) {
+    host.resize(static_cast<size_t>(device->world) * device->layout_rows * device->shard);
+    backend.CopyActivationsToHost(host.data(), device->data, host.size());
+    RETURN_IF_ERROR(backend.Synchronize());
+  }
+  const auto bad =
+      std::find_if(host.begin(), host.end(), [](float x) { return !std::isfinite(x); });
+  if (bad != host.end()) {
+    return absl::InternalError(absl::StrCat(phase, " at batch ", batch, ": logit ",
+                                            bad - host.begin(), " of ", host.size(), " is ", *bad,
+                                            " (the forward pass is broken)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   ASSIGN_OR_RETURN(ModelConfig config, ModelShapePreset(absl::GetFlag(FLAGS_shape)));
@@ -320,6 +339,8 @@ absl::Status Run() {
     greedy_row.params = &greedy;
     const std::vector<model::RowToSample> to_sample(batch, greedy_row);
     std::vector<model::SampleResult> sampled;
+    model::DeviceLogits device_logits;
+    std::vector<float> checked;
     auto measure_decode = [&](const char* phase) -> absl::Status {
       std::vector<double> seconds;
       double context_sum = 0;
@@ -328,15 +349,21 @@ absl::Status Run() {
         start = Clock::now();
         int logit_rows = 0;
         if (sampler != nullptr) {
-          ASSIGN_OR_RETURN(const model::DeviceLogits device, runner.StepOnDevice(seqs, 0, false));
-          logit_rows = device.rows;
-          if (logit_rows == batch) RETURN_IF_ERROR(sampler->Sample(device, to_sample, &sampled));
+          ASSIGN_OR_RETURN(device_logits, runner.StepOnDevice(seqs, 0, false));
+          logit_rows = device_logits.rows;
+          if (logit_rows == batch) {
+            RETURN_IF_ERROR(sampler->Sample(device_logits, to_sample, &sampled));
+          }
         } else {
           ASSIGN_OR_RETURN(logit_rows, runner.Step(seqs, 0, false, &logits));
         }
         const double t = SecondsSince(start);
         RETURN_IF_ERROR(backend->last_error());
         if (logit_rows != batch) return absl::InternalError("decode step lost a sequence's row");
+        if (step == 2 + decode_steps) {  // The last step, untimed: every logit finite.
+          RETURN_IF_ERROR(CheckFinite(*backend, sampler != nullptr ? &device_logits : nullptr,
+                                      sampler != nullptr ? checked : logits, phase, batch));
+        }
         for (int row = 0; row < batch; ++row) {
           next[row] =
               sampler != nullptr

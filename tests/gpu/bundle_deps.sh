@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Copies this Debian machine's Abseil, GoogleTest and nlohmann-json (headers, libraries,
-# CMake configs)
-# into one folder, laid out as under /, so that tests/gpu/run.sh can build the GPU tests
-# on a GPU machine that lacks those packages and has no network. Symbolic links are
-# copied as files, as the device tool carries links only as links.
+# CMake configs) into one folder, laid out as under /, with NCCL's header in nccl/include,
+# so that tests/gpu/run.sh can build the GPU tests on a GPU machine that lacks those
+# packages and has no network, and run binaries built here (the Abseil libraries they
+# load). Symbolic links are copied as files, as the device tool carries links only as
+# links.
 #
 # Usage: tests/gpu/bundle_deps.sh [DEST] [EXTRA_DEBIAN_PACKAGE...]
 #   DEST defaults to .gpu_deps in the repository root, which this script adds to
@@ -33,6 +34,15 @@ for package in "${packages[@]}"; do
       cp -L "$file" "$dest$file"
     fi
   done
+done
+
+# NCCL is loaded at run time; building its communicator needs only the header.
+for nccl_header in /usr/local/cuda/include/nccl.h /usr/include/nccl.h; do
+  if [[ -f "$nccl_header" ]]; then
+    mkdir -p "$dest/nccl/include"
+    cp -L "$nccl_header" "$dest/nccl/include/nccl.h"
+    break
+  fi
 done
 
 if [[ "$dest" == "$repo/.gpu_deps" ]]; then

@@ -21,6 +21,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -67,12 +68,16 @@ class CudaKernelTest : public ::testing::TestWithParam<DtypeParam> {
     for (int32_t& x : v) x = dist(rng_);
     return v;
   }
-  // Checks and reports `out` against the CPU's `ref`.
+  // Checks and reports `out` against the CPU's `ref`, as a whole (L2) and row by row
+  // (max error), rows of `width` elements.
   void ExpectClose(const std::string& check, const std::vector<float>& out,
-                   const std::vector<float>& ref) {
+                   const std::vector<float>& ref, size_t width) {
     const double error = RelativeError(out, ref);
-    ReportMetric(check, GetParam().name, error, GetParam().tolerance);
+    const double row_error = RowMaxError(out, ref, width);
+    ReportMetric(check, GetParam().name, error, GetParam().tolerance, row_error,
+                 GetParam().row_tolerance);
     EXPECT_LE(error, GetParam().tolerance) << check;
+    EXPECT_LE(row_error, GetParam().row_tolerance) << check << " (worst row's max error)";
   }
   void ExpectExact(const std::string& check, const std::vector<float>& out,
                    const std::vector<float>& ref) {
@@ -140,7 +145,7 @@ TEST_P(CudaKernelTest, RmsNormMatchesCpu) {
     };
     Buffers gpu(gpu_.get()), cpu(cpu_.get());
     ExpectClose("rms_norm_n" + std::to_string(n) + "_h" + std::to_string(hidden), run(gpu),
-                run(cpu));
+                run(cpu), hidden);
   }
 }
 
@@ -165,8 +170,8 @@ TEST_P(CudaKernelTest, AddRmsNormMatchesCpu) {
     const auto [gpu_out, gpu_res] = run(gpu);
     const auto [cpu_out, cpu_res] = run(cpu);
     const std::string suffix = "_n" + std::to_string(n) + "_h" + std::to_string(hidden);
-    ExpectClose("add_rms_norm_out" + suffix, gpu_out, cpu_out);
-    ExpectClose("add_rms_norm_residual" + suffix, gpu_res, cpu_res);
+    ExpectClose("add_rms_norm_out" + suffix, gpu_out, cpu_out, hidden);
+    ExpectClose("add_rms_norm_residual" + suffix, gpu_res, cpu_res, hidden);
   }
 }
 
@@ -196,7 +201,7 @@ TEST_P(CudaKernelTest, LinearMatchesCpu) {
       Buffers gpu(gpu_.get()), cpu(cpu_.get());
       ExpectClose("linear_" + std::to_string(s.n) + "x" + std::to_string(s.out) + "x" +
                       std::to_string(s.in) + (with_bias ? "_bias" : ""),
-                  run(gpu), run(cpu));
+                  run(gpu), run(cpu), s.out);
     }
   }
 }
@@ -236,7 +241,7 @@ TEST_P(CudaKernelTest, RopeMatchesCpuAndLeavesValuesAlone) {
     const std::vector<float> cpu_out = run(cpu);
     ExpectClose("rope_h" + std::to_string(s.heads) + "_kv" + std::to_string(s.kv_heads) + "_d" +
                     std::to_string(s.head_dim),
-                gpu_out, cpu_out);
+                gpu_out, cpu_out, s.head_dim);
     // The V part of each row must be untouched.
     size_t v_changed = 0;
     for (int t = 0; t < n; ++t) {
@@ -317,7 +322,7 @@ TEST_P(CudaKernelTest, SiluMulMatchesCpu) {
       return b.Read(out, static_cast<size_t>(n) * ffn);
     };
     Buffers gpu(gpu_.get()), cpu(cpu_.get());
-    ExpectClose("silu_mul_ffn" + std::to_string(ffn), run(gpu), run(cpu));
+    ExpectClose("silu_mul_ffn" + std::to_string(ffn), run(gpu), run(cpu), ffn);
   }
 }
 
@@ -340,7 +345,7 @@ TEST_P(CudaKernelTest, HeadRmsNormMatchesCpuAndLeavesTheRestAlone) {
     Buffers gpu(gpu_.get()), cpu(cpu_.get());
     const std::vector<float> out = run(gpu), ref = run(cpu);
     ExpectClose("head_rms_norm_h" + std::to_string(s.heads) + "_d" + std::to_string(s.head_dim),
-                out, ref);
+                out, ref, s.row_stride);
     // Per row: the normalised heads within tolerance, every element after them untouched.
     std::vector<float> tail_out, tail_in;
     for (int t = 0; t < n; ++t) {
@@ -388,8 +393,8 @@ TEST_P(CudaKernelTest, GroupedLinearAndWeightedRowSumMatchCpu) {
   Buffers gpu(gpu_.get()), cpu(cpu_.get());
   const auto [gpu_rows, gpu_sum] = run(gpu);
   const auto [cpu_rows, cpu_sum] = run(cpu);
-  ExpectClose("grouped_linear", gpu_rows, cpu_rows);
-  ExpectClose("weighted_row_sum", gpu_sum, cpu_sum);
+  ExpectClose("grouped_linear", gpu_rows, cpu_rows, out_width);
+  ExpectClose("weighted_row_sum", gpu_sum, cpu_sum, out_width);
 }
 
 // --- Paged attention ------------------------------------------------------------------
@@ -538,7 +543,7 @@ TEST_P(CudaAttentionTest, MatchesCpuOnMixedBatches) {
   for (const AttentionCase& c : Cases()) {
     const AttentionInputs in = MakeInputs(c);
     Buffers gpu(gpu_.get()), cpu(cpu_.get());
-    ExpectClose("attention_" + c.name, Run(gpu, c, in), Run(cpu, c, in));
+    ExpectClose("attention_" + c.name, Run(gpu, c, in), Run(cpu, c, in), c.head_dim);
   }
 }
 
@@ -582,7 +587,7 @@ TEST_P(CudaAttentionTest, ScratchSizedLaunchesGiveTheSameBits) {
   Buffers gpu(gpu_.get()), cpu(cpu_.get());
   const std::vector<float> whole = Run(gpu, c, in);
   ExpectExact("attention_chunked_launches", chunked, whole);
-  ExpectClose("attention_" + c.name, whole, Run(cpu, c, in));
+  ExpectClose("attention_" + c.name, whole, Run(cpu, c, in), c.head_dim);
 }
 
 // --- Errors and edge cases ------------------------------------------------------------
@@ -647,6 +652,22 @@ TEST_P(CudaKernelTest, FreeMemoryShrinksWhenAllocating) {
   EXPECT_GE(before - after, kBytes / 2);
   // Asking for more than the device has is an error value, not a crash.
   EXPECT_EQ(gpu_->Allocate(before * 4).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// A failure reported from another thread (a communicator whose peer died) is what the
+// next Synchronize returns, and stays; the first report wins.
+TEST_P(CudaKernelTest, ReportedFailureIsReturnedFromThen) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_no_error_ = false;
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  std::thread reporter([&] { gpu_->ReportFailure(absl::UnavailableError("peer 1 is gone")); });
+  reporter.join();
+  gpu_->ReportFailure(absl::InternalError("a later report"));
+  const absl::Status synced = gpu_->Synchronize();
+  EXPECT_EQ(synced.code(), absl::StatusCode::kUnavailable) << synced;
+  EXPECT_EQ(synced.message(), "peer 1 is gone");
+  EXPECT_EQ(gpu_->last_error(), synced);
+  EXPECT_EQ(gpu_->Synchronize(), synced);
 }
 
 TEST(CudaBackendWithoutDevice, FailsCleanly) {
