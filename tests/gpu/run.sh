@@ -180,6 +180,12 @@ build_subset() {  # $1: the time limit in seconds (0: none). Sets binary[...].
   fi
   [[ -f "$nccl_include/nccl.h" ]] || nccl_include=""
   local log="$out/build.log"
+  # A build folder configured from another tree (another checkout, an earlier copy of
+  # this one) makes CMake refuse: start its configuration afresh.
+  if [[ -f "$build/CMakeCache.txt" ]] &&
+    ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$repo/tests/gpu" "$build/CMakeCache.txt"; then
+    rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+  fi
   # -include cstdint: Abseil 20220623's headers miss it, which GCC >= 13 no longer forgives.
   "${tmo[@]}" cmake -S "$repo/tests/gpu" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 \
