@@ -9,7 +9,11 @@
 #
 # Usage: bench/run_step_overhead_bench.sh [--build-dir DIR] [--model-dir DIR]
 #        [--dtype bf16] [--threads N] [--steps-in-flight "1 2"] [--rounds N]
-#        [--requests N] [--worker-flags "--backend=cuda ..."]
+#        [--requests N] [--streams 8] [--input-len 129] [--output-len 128]
+#        [--worker-flags "--backend=cuda ..."]
+# One stream on the demo model (the fixed cost of a step, issue P):
+#   bench/run_step_overhead_bench.sh --model-dir demo/model --streams 1 --input-len 32 \
+#     --output-len 512 --requests 6
 # Each round runs every --steps-in-flight value in turn (the scheduler's
 # --max_steps_in_flight), so a machine whose speed drifts affects each alike.
 set -euo pipefail
@@ -23,6 +27,9 @@ in_flight="1 2"
 rounds=3
 requests=24
 worker_flags=""
+streams=8
+input_len=129
+output_len=128
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -33,7 +40,10 @@ while (($#)); do
     --rounds) rounds="$2"; shift 2 ;;
     --requests) requests="$2"; shift 2 ;;
     --worker-flags) worker_flags="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --streams) streams="$2"; shift 2 ;;
+    --input-len) input_len="$2"; shift 2 ;;
+    --output-len) output_len="$2"; shift 2 ;;
+    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -46,9 +56,9 @@ cpu_s() { awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat"; }
 metric() { curl -s "127.0.0.1:$1/metrics" | awk -v n="$2" '$1 ~ "^"n"({|$)" {print $2; exit}'; }
 wait_metrics() { for _ in $(seq 100); do curl -s "127.0.0.1:$1/metrics" >/dev/null && return; sleep 0.1; done; }
 
-echo "dtype $dtype, worker threads $threads, $requests requests, 8 streams"
-echo "| round | steps in flight | output tok/s | steps | step s | worker compute s | loop ms/step | CPU s worker / scheduler / client |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "dtype $dtype, worker threads $threads, $requests requests, $streams streams, prompts $input_len, outputs $output_len"
+echo "| round | steps in flight | output tok/s | steps | step s | worker compute s | loop ms/step | CPU s worker / scheduler / client | CPU ms per output token |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for ((round = 1; round <= rounds; ++round)); do
 for k in $in_flight; do
   wport="$(free_port)"; sport="$(free_port)"; wmetrics="$(free_port)"; smetrics="$(free_port)"
@@ -63,21 +73,24 @@ for k in $in_flight; do
   w0="$(cpu_s "$worker")"; s0="$(cpu_s "$scheduler")"
   out="$(mktemp)"; times="$(mktemp)"
   /usr/bin/time -f "%U %S" -o "$times" "$build_dir/bench/conveyor-bench" \
-    --server="127.0.0.1:$sport" --workload=fixed --input_len=129 --output_len=128 \
-    --concurrency=8 --num_requests="$requests" --quiet --out="$out" >/dev/null 2>&1
+    --server="127.0.0.1:$sport" --workload=fixed --input_len="$input_len" \
+    --output_len="$output_len" --concurrency="$streams" --num_requests="$requests" --quiet \
+    --out="$out" >/dev/null 2>&1
   w1="$(cpu_s "$worker")"; s1="$(cpu_s "$scheduler")"
-  /usr/bin/python3 - "$round" "$k" "$out" "$times" "$w0" "$w1" "$s0" "$s1" \
+  /usr/bin/python3 - "$round" "$k" "$out" "$times" "$w0" "$w1" "$s0" "$s1" "$((requests * output_len))" \
     "$(metric "$smetrics" conveyor_step_duration_seconds_count)" \
     "$(metric "$smetrics" conveyor_step_duration_seconds_sum)" \
     "$(metric "$wmetrics" conveyor_worker_step_compute_seconds_sum)" <<'PY'
 import json, sys
-rnd, k, out, times, w0, w1, s0, s1, steps, step_s, compute_s = sys.argv[1:]
+rnd, k, out, times, w0, w1, s0, s1, tokens, steps, step_s, compute_s = sys.argv[1:]
 tps = json.load(open(out))["summary"]["output_throughput"]
 client = sum(float(v) for v in open(times).read().split())
 steps, step_s, compute_s = int(float(steps)), float(step_s), float(compute_s)
 loop_ms = (step_s - compute_s) / steps * 1000
+cpu = [float(w1) - float(w0), float(s1) - float(s0), client]
+per_token = " / ".join(f"{1000 * c / int(tokens):.3f}" for c in cpu)
 print(f"| {rnd} | {k} | {tps:.1f} | {steps} | {step_s:.2f} | {compute_s:.2f} | {loop_ms:.2f} | "
-      f"{float(w1) - float(w0):.2f} / {float(s1) - float(s0):.2f} / {client:.2f} |")
+      f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f} | {per_token} |")
 PY
   rm -f "$out" "$times"
   cleanup; pids=()

@@ -59,9 +59,9 @@ ABSL_FLAG(std::string, backend, "cuda", "Backend: cuda or cpu.");
 ABSL_FLAG(int, device, 0, "CUDA device.");
 ABSL_FLAG(int, threads, 0, "CPU backend threads (0: one per core).");
 ABSL_FLAG(std::string, cpu_weights, "f32", "CPU backend weight storage: f32, bf16 or int8.");
-ABSL_FLAG(
-    std::string, shape, "llama3-8b",
-    "Model shape: llama3-8b (bf16 on CUDA), small, qwen3-moe-small or tiny (model_config.h).");
+ABSL_FLAG(std::string, shape, "llama3-8b",
+          "Model shape: llama3-8b (bf16 on CUDA), small, qwen3-moe-small, demo or tiny "
+          "(model_config.h).");
 ABSL_FLAG(int, layers, 0, "Override the shape's layer count (0: keep it).");
 ABSL_FLAG(std::vector<std::string>, batches, std::vector<std::string>({"1", "8", "64", "256"}),
           "Batch sizes (sequences) to measure.");

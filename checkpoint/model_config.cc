@@ -517,6 +517,17 @@ absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name) {
       c.moe_intermediate_size = c.intermediate_size / c.experts_per_token;
       c.sparse_layers.assign(c.num_layers, true);
     }
+  } else if (name == "demo") {  // demo/model's shape (5.5M parameters, tied embeddings).
+    c.vocab_size = 4096;
+    c.hidden_size = 256;
+    c.intermediate_size = 704;
+    c.num_layers = 6;
+    c.num_attention_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.max_context_tokens = 512;
+    c.rope_theta = 10000.0f;
+    c.tie_word_embeddings = true;
   } else if (name == "tiny") {
     c.vocab_size = 512;
     c.hidden_size = 64;
@@ -530,7 +541,7 @@ absl::StatusOr<ModelConfig> ModelShapePreset(std::string_view name) {
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("no model shape \"", std::string(name),
-                     "\"; use llama3-8b, small, qwen3-moe-small or tiny"));
+                     "\"; use llama3-8b, small, qwen3-moe-small, demo or tiny"));
   }
   return c;
 }

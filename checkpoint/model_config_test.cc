@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 
 #include "common/test_temp_dir.h"
@@ -340,6 +342,29 @@ TEST(ModelConfigTest, DefaultRopeTypeMeansNoScaling) {
   nlohmann::json json = Llama2Config();
   json["rope_scaling"] = {{"rope_type", "default"}};
   EXPECT_EQ(ParseOrDie(json).rope_scaling.type, RopeScaling::Type::kNone);
+}
+
+// The `demo` shape preset (for the step benchmark) is demo/model's config.json.
+TEST(ModelConfigTest, DemoPresetIsTheDemoModelsShape) {
+  const std::filesystem::path file =
+      std::filesystem::path(__FILE__).parent_path().parent_path() / "demo/model/config.json";
+  std::ifstream in(file);
+  ASSERT_TRUE(in) << file;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const ModelConfig demo = ParseOrDie(nlohmann::json::parse(text));
+  const absl::StatusOr<ModelConfig> preset = ModelShapePreset("demo");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  EXPECT_EQ(preset->vocab_size, demo.vocab_size);
+  EXPECT_EQ(preset->hidden_size, demo.hidden_size);
+  EXPECT_EQ(preset->intermediate_size, demo.intermediate_size);
+  EXPECT_EQ(preset->num_layers, demo.num_layers);
+  EXPECT_EQ(preset->num_attention_heads, demo.num_attention_heads);
+  EXPECT_EQ(preset->num_kv_heads, demo.num_kv_heads);
+  EXPECT_EQ(preset->head_dim, demo.head_dim);
+  EXPECT_EQ(preset->max_context_tokens, demo.max_context_tokens);
+  EXPECT_EQ(preset->rope_theta, demo.rope_theta);
+  EXPECT_EQ(preset->tie_word_embeddings, demo.tie_word_embeddings);
+  EXPECT_EQ(preset->NumParameters(), demo.NumParameters());
 }
 
 TEST(ModelConfigTest, BadJsonIsInvalidArgumentNamingSource) {
