@@ -388,6 +388,7 @@ elif ((gpu_count == 0)); then
 else
   # The bench stops starting new batches at its own limit, 60 s inside the stage's.
   bench_limit=$(($(left) < 200 ? $(left) : 200))
+  ((bench_limit < 61)) && bench_limit=61  # Its own limit at least 1 s (0 means none).
   run_stage bench 60 200 "$out/step_bench.log" plain -- "${binary[conveyor-step-bench]}" \
     --backend=cuda --shape=llama3-8b --batches=1,8,64,256 --prompt_tokens=1024 \
     --time_limit_s=$((bench_limit - 60)) --json="$out/step_bench.json"
