@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <span>
@@ -417,6 +418,39 @@ TEST(GreedyAgreementTest, CudaOnGgufBlocksAgreesWithCpuFp32) {
 #endif
 }
 
+#ifdef CONVEYOR_HAVE_CUDA
+// Two CUDA instances of `config`, one launching kernel by kernel and one replaying decode
+// steps of up to kNumPrompts sequences as graphs (runners null on failure).
+struct GraphPair {
+  Instance plain, graphed;
+};
+GraphPair MakeGraphPair(const ModelConfig& config) {
+  GraphPair pair;
+  auto plain_backend = kernels::MakeCudaBackend(0);
+  auto graph_backend = kernels::MakeCudaBackend(0);
+  EXPECT_TRUE(plain_backend.ok() && graph_backend.ok());
+  if (!plain_backend.ok() || !graph_backend.ok()) return pair;
+  pair.plain = MakeInstance(std::move(*plain_backend), config);
+  pair.graphed = MakeInstance(std::move(*graph_backend), config);
+  if (pair.graphed.model != nullptr) {
+    const absl::Status enabled = pair.graphed.model->EnableDecodeGraphs(kNumPrompts);
+    EXPECT_TRUE(enabled.ok()) << enabled;
+    if (!enabled.ok()) pair.graphed.runner.reset();
+  }
+  return pair;
+}
+
+// The first error either instance's backend recorded (OK if none).
+absl::Status BackendErrors(std::initializer_list<const Instance*> instances) {
+  for (const Instance* in : instances) {
+    absl::Status error = in->backend->last_error();
+    if (!error.ok()) return error;
+  }
+  return absl::OkStatus();
+}
+
+#endif
+
 // Decode steps replayed as CUDA graphs compute what the same steps launched one kernel
 // at a time do: 8 sequences pad to 8 (the same GEMM shapes), and attention's fixed
 // partitions make the padded block-table width irrelevant, so the tokens are identical.
@@ -426,20 +460,12 @@ TEST(GreedyAgreementTest, CudaGraphsDecodeAsWithout) {
 #else
   if (kernels::CudaDeviceCount() == 0) GTEST_SKIP() << "no usable CUDA device";
   const ModelConfig config = Preset("small");
-  auto plain_backend = kernels::MakeCudaBackend(0);
-  auto graph_backend = kernels::MakeCudaBackend(0);
-  ASSERT_TRUE(plain_backend.ok() && graph_backend.ok());
-  Instance plain = MakeInstance(std::move(*plain_backend), config);
-  Instance graphed = MakeInstance(std::move(*graph_backend), config);
+  auto [plain, graphed] = MakeGraphPair(config);
   ASSERT_TRUE(plain.runner && graphed.runner);
-  ASSERT_TRUE(graphed.model->EnableDecodeGraphs(kNumPrompts).ok());
   const auto prompts = Prompts(config.vocab_size);
   const auto want = GreedyDecode(plain.runner.get(), prompts, config.vocab_size);
   const auto got = GreedyDecode(graphed.runner.get(), prompts, config.vocab_size);
-  for (Instance* in : {&plain, &graphed}) {
-    auto* backend = static_cast<kernels::CudaBackend*>(in->backend.get());
-    ASSERT_TRUE(backend->last_error().ok()) << backend->last_error();
-  }
+  ASSERT_TRUE(BackendErrors({&plain, &graphed}).ok()) << BackendErrors({&plain, &graphed});
   ASSERT_EQ(got.size(), want.size());
   for (size_t p = 0; p < want.size(); ++p) EXPECT_EQ(got[p], want[p]) << "prompt " << p;
 #endif
@@ -460,13 +486,8 @@ TEST(GreedyAgreementTest, CudaGraphsPadBatchesThatAreNotPowersOfTwo) {
   const ModelConfig config = Preset("small");
   const int vocab = config.vocab_size;
   for (const int batch : {3, 5}) {
-    auto plain_backend = kernels::MakeCudaBackend(0);
-    auto graph_backend = kernels::MakeCudaBackend(0);
-    ASSERT_TRUE(plain_backend.ok() && graph_backend.ok());
-    Instance plain = MakeInstance(std::move(*plain_backend), config);
-    Instance graphed = MakeInstance(std::move(*graph_backend), config);
+    auto [plain, graphed] = MakeGraphPair(config);
     ASSERT_TRUE(plain.runner && graphed.runner);
-    ASSERT_TRUE(graphed.model->EnableDecodeGraphs(kNumPrompts).ok());
     std::vector<std::vector<int32_t>> prompts = Prompts(vocab);
     prompts.resize(batch);
     std::vector<int> plain_seqs, graph_seqs;
@@ -503,10 +524,7 @@ TEST(GreedyAgreementTest, CudaGraphsPadBatchesThatAreNotPowersOfTwo) {
         graphed.runner->Append(graph_seqs[i], next);
       }
     }
-    for (Instance* in : {&plain, &graphed}) {
-      auto* backend = static_cast<kernels::CudaBackend*>(in->backend.get());
-      ASSERT_TRUE(backend->last_error().ok()) << backend->last_error();
-    }
+    ASSERT_TRUE(BackendErrors({&plain, &graphed}).ok()) << BackendErrors({&plain, &graphed});
     const double rel = std::sqrt(diff2 / std::max(ref2, 1e-30));
     std::printf(
         "[ METRIC   ] graph_padding_batch%d logit_rel_err=%.3g argmax_misses=%d "
