@@ -5,21 +5,22 @@
 # toolkit, CMake and ninja, none of Debian's -dev packages, and no network.
 #
 # WHAT TRAVELS, AND THE CALL
-#   Here, on the Debian dev machine (no GPU needed; ~6 min on 2 cores):
+#   Here, on the Debian dev machine (no GPU needed; ~1.5 min on 2 cores):
 #     tests/gpu/bundle_deps.sh            # .gpu_deps/: Abseil, GoogleTest, nlohmann-json,
-#                                         #   nccl.h (~15 MiB)
+#                                         #   nccl.h (~16 MiB)
 #     tests/gpu/run.sh --build-only       # .gpu_build/: the GPU subset built for sm_90,
 #                                         #   binaries packed (~2 MiB) + SOURCES
 #   Both folders are git-ignored; the device tool carries them beside the tree (64 MiB
-#   in all: the tree is ~18 MiB, the bundle ~16). Then one device call:
+#   in all: the tree is ~18 MiB). Then one device call:
 #     run(command="tests/gpu/run.sh", carry=[".gpu_deps", ".gpu_build"], timeout_s=540)
 #   run.sh keeps to its own deadline (CONVEYOR_GPU_DEADLINE_S, default 420 s; not yet
 #   timed on a GPU: the estimate is under a minute per test stage and 2-3 minutes for
-#   the benchmark), so the command ends inside 540 s, and a first try (with the machine's start, 1-2 min) leaves room for a
-#   second in the 15 minutes: rerun at once, on the still-warm machine, with
-#   CONVEYOR_GPU_DEADLINE_S=240 and a GTEST_FILTER for what needs another look. If the binaries in .gpu_build were built from
-#   other sources than the tree's (SOURCES differs), or are missing, run.sh builds the
-#   subset there from source (ninja -k 0: whatever builds, runs) with .gpu_deps.
+#   the benchmark), so the command ends inside 540 s, and a first try (with the
+#   machine's start, 1-2 min) leaves room for a second in the 15 minutes: rerun at once,
+#   on the still-warm machine, with CONVEYOR_GPU_DEADLINE_S=240 and a GTEST_FILTER for
+#   what needs another look. If the binaries in .gpu_build were built from other
+#   sources than the tree's (SOURCES differs), or are missing, run.sh builds the subset
+#   there from source (ninja -k 0: whatever builds, runs) with .gpu_deps.
 #
 # STAGES, in order of worth; each gets a timeout sized from the time left, and a stage
 # that cannot fit its minimum is skipped and says so:
