@@ -420,6 +420,7 @@ class Connection final : public ConnectionBase,
   }
 
   void OnHeader(const error_code& ec) {
+    if (phase_ == Phase::kClosed) return;  // Closed while the read finished (an eviction).
     if (ec) return OnReadError(ec);
     registry_->SetEvictable(this, false);  // A request is coming: it counts from now.
     const auto& request = parser_->get();
@@ -477,6 +478,7 @@ class Connection final : public ConnectionBase,
   }
 
   void OnBody(const error_code& ec) {
+    if (phase_ == Phase::kClosed) return;
     if (ec) return OnReadError(ec);
     DisarmRead();
     std::string body = std::move(parser_->get().body());
@@ -682,7 +684,10 @@ class Connection final : public ConnectionBase,
     error_code ignored;
     Socket().shutdown(tcp::socket::shutdown_both, ignored);
     Socket().close(ignored);
-    parser_.reset();
+    // The parser stays until the connection goes: a read whose bytes had arrived when the
+    // close ran (an eviction racing a slow client's next header line) still parses them
+    // into it before its handler sees the connection closed. Freeing it here crashed the
+    // scheduler under load (a segfault in beast's parse_start_line).
     share_.reset();
     registry_->Remove(this);
     if (refuse_) {
