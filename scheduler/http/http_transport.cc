@@ -447,7 +447,8 @@ class Connection final : public ConnectionBase,
     } else if (parser_->chunked()) {
       // Chunked bodies take their share as each chunk is announced.
       on_chunk_ = [this](uint64_t size, std::string_view, error_code& chunk_ec) {
-        if (!share_->Grow(size)) {
+        // share_ is gone once the connection closed (a read may still finish after).
+        if (share_ == nullptr || !share_->Grow(size)) {
           over_budget_ = true;
           chunk_ec = http::error::body_limit;
         }
