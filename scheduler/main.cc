@@ -11,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -101,7 +102,7 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
 // answers from the start (/health says 503 until the workers are ready).
 absl::StatusOr<std::unique_ptr<conveyor::scheduler::HttpServer>> ServeHttp(
     const ServerConfig& config, const conveyor::Tokenizer* tokenizer,
-    const conveyor::jinja::ChatTemplate* chat_template,
+    const conveyor::jinja::ChatTemplates& chat_templates,
     conveyor::scheduler::TokenAuthenticator* authenticator,
     conveyor::scheduler::SchedulerMetrics* metrics) {
   if (config.http.port == 0) return nullptr;
@@ -110,7 +111,8 @@ absl::StatusOr<std::unique_ptr<conveyor::scheduler::HttpServer>> ServeHttp(
   options.model_dir = config.model_dir;
   options.model_name = config.model_name;
   options.model_aliases = {config.model_dir};
-  options.chat_template = chat_template;
+  options.chat_template = chat_templates.chat.get();
+  options.tool_use_template = chat_templates.tool_use.get();
   options.tool_call_format = config.tool_call_format;
   options.reasoning_parser = config.reasoning_parser;
   options.max_reasoning_tokens = config.max_reasoning_tokens;
@@ -153,11 +155,16 @@ int main(int argc, char** argv) {
   }
   // A chat template the interpreter cannot run fails here, naming its line, rather than
   // at the first chat request.
-  absl::StatusOr<std::unique_ptr<conveyor::jinja::ChatTemplate>> chat_template =
-      conveyor::jinja::LoadChatTemplate(config.model_dir);
-  if (!chat_template.ok()) {
-    spdlog::error("cannot load the chat template: {}", chat_template.status().ToString());
+  absl::StatusOr<conveyor::jinja::ChatTemplates> chat_templates =
+      conveyor::jinja::LoadChatTemplates(config.model_dir);
+  if (!chat_templates.ok()) {
+    spdlog::error("cannot load the chat template: {}", chat_templates.status().ToString());
     return kBadConfig;
+  }
+  if (!chat_templates->unused.empty()) {
+    spdlog::info(
+        "chat templates not used (only \"tool_use\" is chosen, for requests with tools): {}",
+        absl::StrJoin(chat_templates->unused, ", "));
   }
   // The policy's settings are checked now; it is made again once the model is known.
   if (auto policy = conveyor::scheduler::MakePolicy(config.policy); !policy.ok()) {
@@ -238,7 +245,7 @@ int main(int argc, char** argv) {
 
   // Listening before the line that tells scripts the scheduler is up.
   absl::StatusOr<std::unique_ptr<conveyor::scheduler::HttpServer>> started_http =
-      ServeHttp(config, tokenizer->get(), chat_template->get(), authenticator->get(), &metrics);
+      ServeHttp(config, tokenizer->get(), *chat_templates, authenticator->get(), &metrics);
   if (!started_http.ok()) {
     spdlog::error("{}", started_http.status().ToString());
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -287,7 +294,7 @@ int main(int argc, char** argv) {
   }
   conveyor::scheduler::ReplicaSettings replica = conveyor::scheduler::MakeReplicaSettings(
       config, *info, workers.world_size(),
-      {(*tokenizer)->pad_id(), std::string((*tokenizer)->kind()), *chat_template != nullptr});
+      {(*tokenizer)->pad_id(), std::string((*tokenizer)->kind()), chat_templates->chat != nullptr});
   auto policy = conveyor::scheduler::MakePolicy(replica.policy);
   if (!policy.ok()) {  // Checked at start; the model's context cannot make it invalid.
     spdlog::error("{}", policy.status().ToString());

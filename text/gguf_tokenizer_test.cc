@@ -126,9 +126,9 @@ TEST(GgufTokenizerReferenceTest, EncodesAndDecodesAsTokenizersDoes) {
     }
 
     // The chat template and the tokenizer_config.json the file implies.
-    absl::StatusOr<std::unique_ptr<jinja::ChatTemplate>> chat_template =
-        jinja::LoadChatTemplate(gguf);
-    ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+    absl::StatusOr<jinja::ChatTemplates> templates = jinja::LoadChatTemplates(gguf);
+    ASSERT_TRUE(templates.ok()) << templates.status();
+    const std::unique_ptr<jinja::ChatTemplate>* chat_template = &templates->chat;
     absl::StatusOr<json> config = LoadGgufTokenizerConfig(gguf);
     ASSERT_TRUE(config.ok()) << config.status();
     const int bos = (*tokenizer)->bos_id();

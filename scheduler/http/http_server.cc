@@ -370,6 +370,10 @@ void HttpServer::SetTls(std::string cert_file, std::string key_file, std::string
 
 absl::Status HttpServer::Start() {
   chat_.chat_template = options_.chat_template;
+  chat_.tool_template = options_.tool_use_template;
+  // Tools are rendered, and their calls recognised, by the template tool requests use.
+  const jinja::ChatTemplate* tool_template =
+      chat_.tool_template != nullptr ? chat_.tool_template : chat_.chat_template;
   std::tie(chat_.bos_token, chat_.eos_token) =
       TemplateSpecialTokens(options_.model_dir, *tokenizer_);
   if (options_.tool_call_format != "auto") {
@@ -404,15 +408,16 @@ absl::Status HttpServer::Start() {
       chat_.default_max_reasoning_tokens > 0
           ? absl::StrCat(", default max_reasoning_tokens ", chat_.default_max_reasoning_tokens)
           : "");
-  if (chat_.chat_template != nullptr) {
+  if (tool_template != nullptr) {
     chat_.renders_tools =
-        openai::TemplateRendersTools(*chat_.chat_template, chat_.bos_token, chat_.eos_token);
+        openai::TemplateRendersTools(*tool_template, chat_.bos_token, chat_.eos_token);
     if (chat_.renders_tools && !chat_.tool_call_format.has_value()) {
       absl::StatusOr<openai::ToolCallFormat> guessed =
-          openai::GuessToolCallFormat(chat_.chat_template->source());
+          openai::GuessToolCallFormat(tool_template->source());
       if (guessed.ok()) chat_.tool_call_format = *guessed;
     }
-    spdlog::info("chat template: tools {}, tool calls parsed as {}",
+    spdlog::info("chat template{}: tools {}, tool calls parsed as {}",
+                 chat_.tool_template != nullptr ? " (\"tool_use\" for requests with tools)" : "",
                  chat_.renders_tools ? "rendered" : "not rendered (requests with tools are 400)",
                  chat_.tool_call_format.has_value()
                      ? std::string(openai::ToolCallFormatName(*chat_.tool_call_format))

@@ -52,9 +52,11 @@ class HttpServer final : private HttpHandler {
     std::string model_dir;
     std::string model_name;
     std::vector<std::string> model_aliases;
-    // The model's chat template (jinja::LoadChatTemplate); null when it has none, which
-    // makes chat requests 400. Must outlive the server.
+    // The model's chat template and its "tool_use" template (jinja::LoadChatTemplates);
+    // null when it has none (chat requests are then 400; requests with tools render
+    // through chat_template). Both must outlive the server.
     const jinja::ChatTemplate* chat_template = nullptr;
+    const jinja::ChatTemplate* tool_use_template = nullptr;
     // --tool_call_format: a format's name, or "auto" (recognised from the template).
     std::string tool_call_format = "auto";
     // --reasoning_parser: a parser's name, or "auto" (recognised from the template), and

@@ -9,7 +9,10 @@ namespace conveyor::scheduler::openai {
 namespace {
 
 absl::Status RenderChat(const ChatTemplating& chat, ParsedRequest* parsed) {
-  if (chat.chat_template == nullptr) {
+  const jinja::ChatTemplate* chat_template =
+      parsed->tools.is_null() || chat.tool_template == nullptr ? chat.chat_template
+                                                               : chat.tool_template;
+  if (chat_template == nullptr) {
     return WithParam(
         absl::InvalidArgumentError(
             "the model has no chat template (no chat_template.jinja, and no chat_template in "
@@ -17,7 +20,7 @@ absl::Status RenderChat(const ChatTemplating& chat, ParsedRequest* parsed) {
         "messages");
   }
   absl::StatusOr<std::string> prompt =
-      chat.chat_template->Render(ChatTemplateContext(*parsed, chat.bos_token, chat.eos_token));
+      chat_template->Render(ChatTemplateContext(*parsed, chat.bos_token, chat.eos_token));
   if (!prompt.ok()) {
     // Templates reject conversations they cannot format (raise_exception): the client's
     // to fix.

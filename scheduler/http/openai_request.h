@@ -22,10 +22,13 @@ namespace conveyor::scheduler::openai {
 struct ChatTemplating {
   // The model's template; null when it has none, which makes chat requests 400.
   const jinja::ChatTemplate* chat_template = nullptr;
+  // What requests with tools render through: the model's "tool_use" template where it has
+  // one (as transformers and llama.cpp choose); null: chat_template.
+  const jinja::ChatTemplate* tool_template = nullptr;
   // The template's bos_token and eos_token variables.
   std::string bos_token;
   std::string eos_token;
-  // Whether the template renders `tools` (a request with tools against one that does not
+  // Whether tool_template renders `tools` (a request with tools against one that does not
   // is refused: they would be silently dropped), and the syntax the model writes calls
   // in (from --tool_call_format, or recognised in the template; unset: unknown, and
   // requests with tools are refused saying so).

@@ -57,7 +57,7 @@ double Sample(const std::string& page, const std::string& name,
 
 // A copy of the test model (its files linked) in `dir`, whose tokenizer_config.json carries
 // `chat_template`.
-void MakeModelDir(const TestTempDir& dir, const std::string& chat_template) {
+void MakeModelDir(const TestTempDir& dir, const char* chat_template, const char* tool_use) {
   const std::filesystem::path source = TestModelDir("llama3_gqa");
   nlohmann::json config = nlohmann::json::object();
   for (const auto& entry : std::filesystem::directory_iterator(source)) {
@@ -70,19 +70,25 @@ void MakeModelDir(const TestTempDir& dir, const std::string& chat_template) {
                                     std::filesystem::path(dir.path()) / entry.path().filename());
   }
   config["chat_template"] = chat_template;
+  if (tool_use != nullptr) {
+    config["chat_template"] =
+        nlohmann::json::array({{{"name", "default"}, {"template", chat_template}},
+                               {{"name", "tool_use"}, {"template", tool_use}}});
+  }
   config["bos_token"] = "<s>";
   config["eos_token"] = "</s>";
   dir.WriteFile("tokenizer_config.json", config.dump());
 }
 
 // A copy of the test model (its files linked) whose tokenizer_config.json carries
-// `kTemplate`, served with the HTTP API on, once per test suite.
-template <const char* kTemplate>
+// `kTemplate` (with `kToolUse`: as the named templates "default" and "tool_use"), served
+// with the HTTP API on, once per test suite.
+template <const char* kTemplate, const char* kToolUse = nullptr>
 class ServedModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_dir_ = new TestTempDir();
-    MakeModelDir(*model_dir_, kTemplate);
+    MakeModelDir(*model_dir_, kTemplate, kToolUse);
     http_port_ = FreePort();
     server_ = new Server({"--model=" + model_dir_->path(),
                           "--http_port=" + std::to_string(http_port_), "--max_num_seqs=64"});
@@ -252,6 +258,18 @@ TEST_F(HttpToolsTest, StreamedCallsEqualTheWholeAnswer) {
 
 TEST_F(HttpToolsTest, AutoAnswersAndToolMessagesComeBack) {
   RunClientTest(http_port_, ModelName(), "test_tools_auto_and_tool_messages");
+}
+
+// A model with named templates, as Command R and Hermes 2 Pro ship them: a plain
+// "default" that ignores tools and a "tool_use" one. Requests with tools render through
+// "tool_use" (kChatTemplate does not render tools: they would be a 400), the others
+// through "default" (the prompt the client test expects of kChatTemplate).
+using HttpNamedTemplatesTest = ServedModelTest<kChatTemplate, kToolTemplate>;
+
+TEST_F(HttpNamedTemplatesTest, ToolsRenderThroughToolUseAndChatsThroughDefault) {
+  RunClientTest(http_port_, ModelName(), "test_tools_required");
+  RunClientTest(http_port_, ModelName(),
+                "test_chat_whole_and_streamed_agree_with_the_rendered_prompt");
 }
 
 TEST_F(HttpApiTest, NoReasoningParserRefusesABudget) {

@@ -1,5 +1,6 @@
 #include "text/jinja/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -115,55 +116,121 @@ absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& c
   return RenderJson(*program_, context);
 }
 
-absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& model_dir) {
-  // A GGUF file (the path rule of text/gguf_tokenizer.h's IsGgufPath) carries its template
-  // as metadata.
-  if (absl::EndsWith(model_dir, ".gguf")) {
-    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(model_dir));
-    const GgufValue* value = file->FindMetadata("tokenizer.chat_template");
-    if (value == nullptr) return nullptr;
-    const std::string* source = value->AsString();
-    const std::string origin = absl::StrCat(model_dir, ": tokenizer.chat_template");
+namespace {
+
+// The name transformers and llama.cpp render conversations with tools through.
+constexpr std::string_view kToolUse = "tool_use";
+
+// Files one directory holds, by name order (so that what is logged does not depend on the
+// file system's).
+std::vector<std::filesystem::path> JinjaFilesIn(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".jinja") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A named template: "tool_use" is parsed and kept, any other name only listed.
+absl::Status AddNamed(std::string_view name, std::string_view source, const std::string& origin,
+                      ChatTemplates* out) {
+  if (name != kToolUse) {
+    out->unused.emplace_back(name);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(out->tool_use, ParseNamed(source, origin));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChatTemplates> LoadGgufChatTemplates(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  ChatTemplates out;
+  constexpr std::string_view kKey = "tokenizer.chat_template";
+  for (const auto& [key, value] : file->metadata()) {
+    if (!std::string_view(key).starts_with(kKey)) continue;
+    std::string_view name = std::string_view(key).substr(kKey.size());
+    if (!name.empty() && !name.starts_with('.')) continue;  // Another key.
+    if (!name.empty()) name.remove_prefix(1);
+    const std::string origin = absl::StrCat(path, ": ", key);
+    const std::string* source = value.AsString();
     if (source == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat(origin, " must be a string, not a ", GgufValueTypeName(value->type())));
+          absl::StrCat(origin, " must be a string, not a ", GgufValueTypeName(value.type())));
     }
     if (FindInvalidUtf8(*source) != std::string_view::npos) {
       return absl::InvalidArgumentError(absl::StrCat(origin, " is not valid UTF-8"));
     }
-    return ParseNamed(*source, origin);
+    if (name.empty()) {
+      ASSIGN_OR_RETURN(out.chat, ParseNamed(*source, origin));
+    } else {
+      RETURN_IF_ERROR(AddNamed(name, *source, origin, &out));
+    }
   }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplates> LoadChatTemplates(const std::string& model_dir) {
+  // A GGUF file (the path rule of text/gguf_tokenizer.h's IsGgufPath) carries its
+  // templates as metadata.
+  if (absl::EndsWith(model_dir, ".gguf")) return LoadGgufChatTemplates(model_dir);
+  ChatTemplates out;
   const std::filesystem::path dir(model_dir);
   std::error_code ec;
   const std::filesystem::path jinja_file = dir / "chat_template.jinja";
   if (std::filesystem::exists(jinja_file, ec)) {
     ASSIGN_OR_RETURN(std::string source, ReadFile(jinja_file));
-    return ParseNamed(source, jinja_file.string());
+    ASSIGN_OR_RETURN(out.chat, ParseNamed(source, jinja_file.string()));
+    for (const std::filesystem::path& file : JinjaFilesIn(dir / "additional_chat_templates")) {
+      ASSIGN_OR_RETURN(std::string named, ReadFile(file));
+      RETURN_IF_ERROR(AddNamed(file.stem().string(), named, file.string(), &out));
+    }
+    return out;
   }
   const std::filesystem::path config_file = dir / "tokenizer_config.json";
-  if (!std::filesystem::exists(config_file, ec)) return nullptr;
+  if (!std::filesystem::exists(config_file, ec)) return out;
   ASSIGN_OR_RETURN(std::string text, ReadFile(config_file));
   const nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(config_file.string(), " is not a JSON object"));
   }
   const auto it = config.find("chat_template");
-  if (it == config.end() || it->is_null()) return nullptr;
-  if (it->is_string()) return ParseNamed(it->get<std::string>(), config_file.string());
-  if (it->is_array()) {
-    // Several named templates: transformers uses "default" unless asked for another.
-    for (const auto& entry : *it) {
-      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
-          entry["template"].is_string()) {
-        return ParseNamed(entry["template"].get<std::string>(),
-                          absl::StrCat(config_file.string(), " (template \"default\")"));
-      }
+  if (it == config.end() || it->is_null()) return out;
+  if (it->is_string()) {
+    ASSIGN_OR_RETURN(out.chat, ParseNamed(it->get<std::string>(), config_file.string()));
+    return out;
+  }
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_file.string(), ": chat_template is neither a string nor a list"));
+  }
+  // Several named templates: transformers renders with "default", or with "tool_use" when
+  // the conversation has tools.
+  for (const auto& entry : *it) {
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+        !entry.contains("template") || !entry["template"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config_file.string(),
+          ": each entry of the chat_template list must be {\"name\": string, \"template\": "
+          "string}"));
     }
+    const std::string name = entry["name"].get<std::string>();
+    const std::string source = entry["template"].get<std::string>();
+    const std::string origin = absl::StrCat(config_file.string(), " (template \"", name, "\")");
+    if (name == "default") {
+      ASSIGN_OR_RETURN(out.chat, ParseNamed(source, origin));
+    } else {
+      RETURN_IF_ERROR(AddNamed(name, source, origin, &out));
+    }
+  }
+  if (out.chat == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         config_file.string(), ": chat_template lists several templates and none is named default"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(config_file.string(), ": chat_template is neither a string nor a list"));
+  return out;
 }
 
 }  // namespace conveyor::jinja

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
@@ -65,12 +66,28 @@ class ChatTemplate {
   std::string source_;
 };
 
-// The model's chat template: <model_dir>/chat_template.jinja when present (transformers
-// prefers it), else tokenizer_config.json's "chat_template" (a string, or the "default"
-// entry of a list of {"name", "template"}). A `model_dir` ending in ".gguf" is a GGUF
-// file: its `tokenizer.chat_template` metadata (named templates,
-// tokenizer.chat_template.<name>, are not used). nullptr (OK) when the model has none; a
-// parse error, an unreadable file or a list without "default" is an error.
-absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& model_dir);
+// A model's chat templates. Most models have one; some name several (a list of {"name",
+// "template"} in tokenizer_config.json, files in additional_chat_templates/, or GGUF's
+// tokenizer.chat_template.<name>), and transformers and llama.cpp render a conversation
+// that has tools through the one named "tool_use" (Command R, Hermes 2 Pro, ...).
+struct ChatTemplates {
+  // The default template; null when the model has none.
+  std::unique_ptr<ChatTemplate> chat;
+  // The "tool_use" template; null when there is none (tools then render through `chat`).
+  std::unique_ptr<ChatTemplate> tool_use;
+  // The other names (e.g. "rag"): nothing selects them, so they are neither parsed nor used.
+  std::vector<std::string> unused;
+};
+
+// The model's chat templates, as transformers finds them:
+//   - <model_dir>/chat_template.jinja (the default) and additional_chat_templates/<name>.jinja
+//     when the first is present (transformers prefers the files);
+//   - else tokenizer_config.json's "chat_template": a string, or a list of {"name",
+//     "template"} with one named "default";
+//   - a `model_dir` ending in ".gguf" is a GGUF file: tokenizer.chat_template, and
+//     tokenizer.chat_template.<name> for the named ones.
+// No template is not an error (every field null). A template that does not parse, an
+// unreadable file, or a list without "default" is an error naming where it came from.
+absl::StatusOr<ChatTemplates> LoadChatTemplates(const std::string& model_dir);
 
 }  // namespace conveyor::jinja

@@ -3,7 +3,10 @@
 // jinja2 accepts but this interpreter refuses at load, list.pop), loading templates from
 // a model directory, and the Python value formatting the rest relies on.
 #include <ctime>
+#include <filesystem>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/test_temp_dir.h"
@@ -191,62 +194,139 @@ TEST(JinjaRenderTest, RendersConcurrently) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(outputs[i], std::to_string(2 * (i + 1)));
 }
 
+// What `t` renders for an empty context ("" with the error when it fails).
+std::string RenderEmpty(const std::unique_ptr<ChatTemplate>& t) {
+  if (t == nullptr) return "(none)";
+  absl::StatusOr<std::string> out = t->Render(nlohmann::json::object());
+  return out.ok() ? *out : std::string(out.status().message());
+}
+
 TEST(JinjaLoadChatTemplateTest, ReadsTheTemplateFromTheTokenizerConfig) {
   TestTempDir dir;
   dir.WriteFile("tokenizer_config.json",
                 R"({"chat_template": "{{ messages|length }}", "bos_token": "<s>"})");
-  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = LoadChatTemplate(dir.path());
+  absl::StatusOr<ChatTemplates> t = LoadChatTemplates(dir.path());
   ASSERT_TRUE(t.ok()) << t.status();
-  ASSERT_NE(*t, nullptr);
-  EXPECT_EQ(*(*t)->Render(nlohmann::json{{"messages", {1, 2}}}), "2");
+  ASSERT_NE(t->chat, nullptr);
+  EXPECT_EQ(*t->chat->Render(nlohmann::json{{"messages", {1, 2}}}), "2");
+  EXPECT_EQ(t->tool_use, nullptr);
+  EXPECT_TRUE(t->unused.empty());
 }
 
-TEST(JinjaLoadChatTemplateTest, PicksTheDefaultOfSeveralTemplates) {
+TEST(JinjaLoadChatTemplateTest, ReadsDefaultAndToolUseOfSeveralTemplates) {
   TestTempDir dir;
   dir.WriteFile(
       "tokenizer_config.json",
-      R"({"chat_template": [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "default"}]})");
-  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = LoadChatTemplate(dir.path());
+      R"({"chat_template": [{"name": "tool_use", "template": "tools"}, {"name": "rag", "template": "{% bad"}, {"name": "default", "template": "default"}]})");
+  absl::StatusOr<ChatTemplates> t = LoadChatTemplates(dir.path());
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(*(*t)->Render(nlohmann::json::object()), "default");
+  EXPECT_EQ(RenderEmpty(t->chat), "default");
+  EXPECT_EQ(RenderEmpty(t->tool_use), "tools");
+  // Nothing chooses "rag", so it is listed, not parsed (its syntax error stops nothing).
+  EXPECT_THAT(t->unused, ::testing::ElementsAre("rag"));
 
   TestTempDir no_default;
   no_default.WriteFile("tokenizer_config.json",
                        R"({"chat_template": [{"name": "tool_use", "template": "x"}]})");
-  EXPECT_THAT(LoadChatTemplate(no_default.path()).status().message(),
+  EXPECT_THAT(LoadChatTemplates(no_default.path()).status().message(),
               HasSubstr("none is named default"));
+  TestTempDir broken_tool_use;
+  broken_tool_use.WriteFile(
+      "tokenizer_config.json",
+      R"({"chat_template": [{"name": "default", "template": "x"}, {"name": "tool_use", "template": "{{ x|bogus }}"}]})");
+  EXPECT_THAT(LoadChatTemplates(broken_tool_use.path()).status().message(),
+              HasSubstr("(template \"tool_use\"): chat template line 1: no filter named 'bogus'"));
+  TestTempDir not_an_entry;
+  not_an_entry.WriteFile("tokenizer_config.json",
+                         R"({"chat_template": [{"name": "default", "template": 3}]})");
+  EXPECT_THAT(LoadChatTemplates(not_an_entry.path()).status().message(),
+              HasSubstr("each entry of the chat_template list must be"));
 }
 
-TEST(JinjaLoadChatTemplateTest, PrefersChatTemplateJinja) {
+TEST(JinjaLoadChatTemplateTest, PrefersChatTemplateJinjaAndItsAdditionalTemplates) {
   TestTempDir dir;
   dir.WriteFile("tokenizer_config.json", R"({"chat_template": "from config"})");
   dir.WriteFile("chat_template.jinja", "from file\n");
-  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = LoadChatTemplate(dir.path());
+  absl::StatusOr<ChatTemplates> t = LoadChatTemplates(dir.path());
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(*(*t)->Render(nlohmann::json::object()), "from file");  // Trailing newline dropped.
+  EXPECT_EQ(RenderEmpty(t->chat), "from file");  // Trailing newline dropped.
+  EXPECT_EQ(t->tool_use, nullptr);
+
+  // transformers saves the named templates beside it, one file each.
+  std::filesystem::create_directory(std::filesystem::path(dir.path()) /
+                                    "additional_chat_templates");
+  dir.WriteFile("additional_chat_templates/tool_use.jinja", "tool file\n");
+  dir.WriteFile("additional_chat_templates/rag.jinja", "rag file");
+  dir.WriteFile("additional_chat_templates/README", "not a template");
+  t = LoadChatTemplates(dir.path());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(RenderEmpty(t->chat), "from file");
+  EXPECT_EQ(RenderEmpty(t->tool_use), "tool file");
+  EXPECT_THAT(t->unused, ::testing::ElementsAre("rag"));
+}
+
+// A GGUF file of metadata strings only (version 3, no tensors).
+void WriteGgufStrings(const TestTempDir& dir, const std::string& name,
+                      const std::vector<std::pair<std::string, std::string>>& strings) {
+  std::string out = "GGUF";
+  const auto put = [&out](auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  const auto put_string = [&](const std::string& text) {
+    put(static_cast<uint64_t>(text.size()));
+    out += text;
+  };
+  put(uint32_t{3});
+  put(uint64_t{0});
+  put(static_cast<uint64_t>(strings.size()));
+  for (const auto& [key, value] : strings) {
+    put_string(key);
+    put(uint32_t{8});  // GGUF_TYPE_STRING
+    put_string(value);
+  }
+  dir.WriteFile(name, out);
+}
+
+TEST(JinjaLoadChatTemplateTest, ReadsAGgufFilesNamedTemplates) {
+  TestTempDir dir;
+  WriteGgufStrings(dir, "m.gguf",
+                   {{"general.architecture", "llama"},
+                    {"tokenizer.chat_template", "gguf default"},
+                    {"tokenizer.chat_templates", "not a template key"},
+                    {"tokenizer.chat_template.tool_use", "gguf tools"},
+                    {"tokenizer.chat_template.rag", "gguf rag"}});
+  absl::StatusOr<ChatTemplates> t = LoadChatTemplates(dir.path() + "/m.gguf");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(RenderEmpty(t->chat), "gguf default");
+  EXPECT_EQ(RenderEmpty(t->tool_use), "gguf tools");
+  EXPECT_THAT(t->unused, ::testing::ElementsAre("rag"));
+
+  WriteGgufStrings(dir, "bad.gguf", {{"tokenizer.chat_template.tool_use", "{% if %}"}});
+  EXPECT_THAT(LoadChatTemplates(dir.path() + "/bad.gguf").status().message(),
+              HasSubstr("bad.gguf: tokenizer.chat_template.tool_use: chat template line 1"));
 }
 
 TEST(JinjaLoadChatTemplateTest, NoTemplateIsNotAnError) {
   TestTempDir empty;
-  absl::StatusOr<std::unique_ptr<ChatTemplate>> none = LoadChatTemplate(empty.path());
+  absl::StatusOr<ChatTemplates> none = LoadChatTemplates(empty.path());
   ASSERT_TRUE(none.ok());
-  EXPECT_EQ(*none, nullptr);
+  EXPECT_EQ(none->chat, nullptr);
+  EXPECT_EQ(none->tool_use, nullptr);
   TestTempDir without;
   without.WriteFile("tokenizer_config.json", R"({"bos_token": "<s>"})");
-  ASSERT_TRUE(LoadChatTemplate(without.path()).ok());
-  EXPECT_EQ(*LoadChatTemplate(without.path()), nullptr);
+  absl::StatusOr<ChatTemplates> also_none = LoadChatTemplates(without.path());
+  ASSERT_TRUE(also_none.ok());
+  EXPECT_EQ(also_none->chat, nullptr);
 }
 
 TEST(JinjaLoadChatTemplateTest, BrokenTemplatesFailAtLoad) {
   TestTempDir dir;
   dir.WriteFile("chat_template.jinja", "ok\n{% if x %}\n{{ x|bogus }}\n{% endif %}");
-  const absl::Status status = LoadChatTemplate(dir.path()).status();
+  const absl::Status status = LoadChatTemplates(dir.path()).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(),
               HasSubstr("chat_template.jinja: chat template line 3: no filter named 'bogus'"));
   TestTempDir bad_json;
   bad_json.WriteFile("tokenizer_config.json", "{not json");
-  EXPECT_THAT(LoadChatTemplate(bad_json.path()).status().message(),
+  EXPECT_THAT(LoadChatTemplates(bad_json.path()).status().message(),
               HasSubstr("is not a JSON object"));
 }
 
