@@ -283,9 +283,11 @@ namespace {
 
 bool IsKType(QuantBlockType type) { return QuantBlockElements(type) == 256; }
 
+bool UsesPanels(QuantLevel level) { return level != QuantLevel::kPortable; }
+
 // Bytes one part takes at `level`.
 size_t PartBytes(QuantLevel level, const QuantizedRows& p, int k) {
-  if (level == QuantLevel::kAvx512Vnni) {
+  if (UsesPanels(level)) {
     return static_cast<size_t>((p.rows + kQuantPanelRows - 1) / kQuantPanelRows) *
            PanelBytes(p.type, k);
   }
@@ -324,7 +326,7 @@ std::vector<QuantizedRows> PackQuantizedAt(QuantLevel level, std::span<const Qua
   for (const QuantizedRows& p : parts) {
     if (p.rows == 0) {
       // Nothing to copy (and the part may have no bytes at all).
-    } else if (level == QuantLevel::kAvx512Vnni) {
+    } else if (UsesPanels(level)) {
       PackPanels(p, k, at);
     } else {
       std::memcpy(at, p.blocks, QuantRowBytes(p.type, k) * p.rows);
@@ -351,7 +353,9 @@ void GemmQuantizedAt(QuantLevel level, const float* x, int ldx, int m, int k,
   // Tiles of W's rows (a panel, or kQuantTileOutputs rows of blocks) within one part; a
   // thread takes a chunk of tiles and runs every row tile of X over it, so the chunk's
   // weights are read from memory once.
-  const bool panels = level == QuantLevel::kAvx512Vnni;
+  const bool panels = UsesPanels(level);
+  const auto panel_kernel =
+      level == QuantLevel::kAvx512Vnni ? QuantPanelAvx512Vnni : QuantPanelAvx2;
   const int tile_rows = panels ? kQuantPanelRows : kQuantTileOutputs;
   struct Tile {
     const QuantizedRows* part;
@@ -374,8 +378,6 @@ void GemmQuantizedAt(QuantLevel level, const float* x, int ldx, int m, int k,
   if (pool != nullptr) {
     grain = std::clamp<int64_t>(num_tiles / (4 * pool->num_threads()), 1, grain);
   }
-  const QuantTileKernel tile_kernel =
-      level == QuantLevel::kAvx2 ? QuantTileAvx2 : QuantTilePortable;
   auto run = [&](int64_t begin, int64_t end) {
     for (int r = 0; r < m; r += kQuantMaxRows) {
       const int rows = std::min(kQuantMaxRows, m - r);
@@ -388,13 +390,13 @@ void GemmQuantizedAt(QuantLevel level, const float* x, int ldx, int m, int k,
         float* yt = y + static_cast<size_t>(r) * ldy + tile.column;
         const auto* base = static_cast<const uint8_t*>(p.blocks);
         if (panels) {
-          QuantPanelAvx512Vnni(p.type, a, r, rows,
-                               base + (tile.first_row / kQuantPanelRows) * PanelBytes(p.type, k),
-                               outputs, b, yt, ldy);
+          panel_kernel(p.type, a, r, rows,
+                       base + (tile.first_row / kQuantPanelRows) * PanelBytes(p.type, k), outputs,
+                       b, yt, ldy);
         } else {
           const size_t row_bytes = QuantRowBytes(p.type, k);
-          tile_kernel(p.type, a, r, rows, base + tile.first_row * row_bytes, row_bytes, outputs, b,
-                      yt, ldy);
+          QuantTilePortable(p.type, a, r, rows, base + tile.first_row * row_bytes, row_bytes,
+                            outputs, b, yt, ldy);
         }
       }
     }
@@ -413,7 +415,7 @@ const char* QuantGemmKernelName() {
     case internal::QuantLevel::kAvx512Vnni:
       return "avx512_vnni on 16-row panels repacked at load";
     case internal::QuantLevel::kAvx2:
-      return "avx2";
+      return "avx2 on 16-row panels repacked at load";
     case internal::QuantLevel::kPortable:
     default:
       return "portable";
@@ -421,7 +423,7 @@ const char* QuantGemmKernelName() {
 }
 
 bool QuantGemmBeatsInt8() {
-  return internal::ActiveQuantLevel() == internal::QuantLevel::kAvx512Vnni;
+  return internal::ActiveQuantLevel() != internal::QuantLevel::kPortable;
 }
 
 size_t QuantizedPackBytes(std::span<const QuantizedRows> parts, int k) {

@@ -37,8 +37,8 @@ class ThreadPool;
 size_t QuantizedPackBytes(std::span<const QuantizedRows> parts, int k);
 
 // Copies `parts` (ggml's blocks) to `dst` (64-byte aligned, QuantizedPackBytes long) in
-// the layout this process's kernels read: the blocks as they are (AVX2, portable) or
-// repacked into 16-row panels (AVX-512 VNNI; quant_gemm_kernels.h). Returns the parts as
+// the layout this process's kernels read: the blocks as they are (portable) or repacked
+// into 16-row panels (AVX2, AVX-512 VNNI; quant_gemm_kernels.h). Returns the parts as
 // GemmQuantized takes them: the same types and rows, pointing into dst.
 std::vector<QuantizedRows> PackQuantized(std::span<const QuantizedRows> parts, int k, void* dst);
 
@@ -49,12 +49,12 @@ void GemmQuantized(const float* x, int ldx, int m, int k, std::span<const Quanti
                    const float* bias, float* y, int ldy, ThreadPool* pool);
 
 // Whether this process's quantized kernels run faster than the same weights dequantized
-// to int8 (kernels/cpu/gemm.h): true where they are the AVX-512 VNNI panel kernels (the
-// measurements are in docs/cpu-weights.md). What --cpu_weight_dtype=auto goes by.
+// to int8 (kernels/cpu/gemm.h): true where they are the panel kernels, AVX2 or AVX-512
+// VNNI (the measurements are in docs/cpu-weights.md). What --cpu_weight_dtype=auto goes by.
 bool QuantGemmBeatsInt8();
 
 // The kernels GemmQuantized runs on this process's level: "avx512_vnni on 16-row panels
-// repacked at load", "avx2" or "portable".
+// repacked at load", "avx2 on 16-row panels repacked at load" or "portable".
 const char* QuantGemmKernelName();
 
 }  // namespace conveyor::kernels

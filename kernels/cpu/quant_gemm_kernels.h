@@ -42,15 +42,15 @@ void QuantizeActivationsAvx512(const float* x, int ldx, int m, int k, int block,
 // The kernel levels, each with its own weight layout (PackQuantizedAt).
 enum class QuantLevel {
   kPortable,    // ggml's blocks as they are.
-  kAvx2,        // ggml's blocks as they are.
-  kAvx512Vnni,  // 16-row panels (below).
+  kAvx2,        // 16-row panels (below), read in 8-row halves.
+  kAvx512Vnni,  // 16-row panels.
 };
 
 // The level this process runs: AVX-512 VNNI where the CPU has it and CONVEYOR_CPU_ISA
 // allows AVX-512, else AVX2, else portable.
 QuantLevel ActiveQuantLevel();
 
-// The panel layout of the AVX-512 VNNI level. Rows of W are grouped by 16 (the last group
+// The panel layout of the AVX2 and AVX-512 VNNI levels. Rows of W are grouped by 16 (the last group
 // padded with zero rows); a panel holds its 16 rows' weights for all of k, so that one
 // 64-byte load holds 4 (8-bit) or 8 (4-bit) consecutive weights of each of the 16 rows,
 // and one vpdpbusd against 4 activation bytes broadcast makes 16 outputs' partial sums,
@@ -115,25 +115,21 @@ void PackPanels(const QuantizedRows& part, int k, uint8_t* dst);
 // rows [r0, r0 + rows) of `a` times the panel's rows, plus bias[o] if bias is not null.
 void QuantPanelAvx512Vnni(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
                           const uint8_t* panel, int outputs, const float* bias, float* y, int ldy);
+// The same on AVX2 (vpmaddubsw + vpmaddwd, one 8-row half of the panel at a time).
+void QuantPanelAvx2(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
+                    const uint8_t* panel, int outputs, const float* bias, float* y, int ldy);
 
-// Outputs per kernel call (rows of W), and rows of X per call at most.
+// Outputs per portable kernel call (rows of W), and rows of X per call at most.
 inline constexpr int kQuantTileOutputs = 8;
 inline constexpr int kQuantMaxRows = 16;
 
-// y[r][o] for r < rows (<= kQuantMaxRows) and o < outputs (<= kQuantTileOutputs): rows
-// [r0, r0 + rows) of `a` times W rows w + o * row_bytes (of `type`, a.k weights each),
-// plus bias[o] if bias is not null. y has row stride ldy.
-using QuantTileKernel = void (*)(QuantBlockType type, const QuantizedActivations& a, int r0,
-                                 int rows, const uint8_t* w, size_t row_bytes, int outputs,
-                                 const float* bias, float* y, int ldy);
-
+// The portable kernel, on the blocks as they are: y[r][o] for r < rows (<= kQuantMaxRows)
+// and o < outputs (<= kQuantTileOutputs): rows [r0, r0 + rows) of `a` times W rows
+// w + o * row_bytes (of `type`, a.k weights each), plus bias[o] if bias is not null. y has
+// row stride ldy.
 void QuantTilePortable(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
                        const uint8_t* w, size_t row_bytes, int outputs, const float* bias, float* y,
                        int ldy);
-// AVX2 (vpmaddubsw + vpmaddwd, 256-bit).
-void QuantTileAvx2(QuantBlockType type, const QuantizedActivations& a, int r0, int rows,
-                   const uint8_t* w, size_t row_bytes, int outputs, const float* bias, float* y,
-                   int ldy);
 
 // GemmQuantized and its packing at a given level (tests compare the levels).
 size_t QuantizedPackBytesAt(QuantLevel level, std::span<const QuantizedRows> parts, int k);
