@@ -98,6 +98,23 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
   return exposer;
 }
 
+// The templates chat requests render through: the model's, or --chat_template's file in
+// place of all of them (the model's are then not read: a broken one is a reason to replace
+// it).
+absl::StatusOr<conveyor::jinja::ChatTemplates> LoadTemplates(const ServerConfig& config) {
+  if (config.chat_template_file.empty()) {
+    return conveyor::jinja::LoadChatTemplates(config.model_dir);
+  }
+  conveyor::jinja::ChatTemplates templates;
+  absl::StatusOr<std::unique_ptr<conveyor::jinja::ChatTemplate>> file =
+      conveyor::jinja::LoadChatTemplateFile(config.chat_template_file);
+  if (!file.ok()) return file.status();
+  templates.chat = *std::move(file);
+  spdlog::info("chat template: {} (--chat_template), instead of the model's",
+               config.chat_template_file);
+  return templates;
+}
+
 // The OpenAI-compatible HTTP API on --http_port, started (null when it is 0). It
 // answers from the start (/health says 503 until the workers are ready).
 absl::StatusOr<std::unique_ptr<conveyor::scheduler::HttpServer>> ServeHttp(
@@ -155,8 +172,7 @@ int main(int argc, char** argv) {
   }
   // A chat template the interpreter cannot run fails here, naming its line, rather than
   // at the first chat request.
-  absl::StatusOr<conveyor::jinja::ChatTemplates> chat_templates =
-      conveyor::jinja::LoadChatTemplates(config.model_dir);
+  absl::StatusOr<conveyor::jinja::ChatTemplates> chat_templates = LoadTemplates(config);
   if (!chat_templates.ok()) {
     spdlog::error("cannot load the chat template: {}", chat_templates.status().ToString());
     return kBadConfig;

@@ -43,6 +43,8 @@ struct ServerConfig {
   // The OpenAI-compatible HTTP API: off while http.port is 0. Its host is resolved (the
   // client API's unless set) and its body limit is max_receive_bytes.
   HttpTransport::Options http;
+  // A Jinja file that replaces the model's chat templates (all of them); empty: none.
+  std::string chat_template_file;
   // The syntax the model writes tool calls in ("llama3_json", "hermes", "mistral"), or
   // "auto": recognised from the chat template (docs/structured-output.md).
   std::string tool_call_format = "auto";

@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or of
 ABSL_FLAG(int, http_port, 0,
           "Port for the OpenAI-compatible HTTP API (docs/http-api.md); 0 disables it.");
 ABSL_FLAG(std::string, http_host, "", "Address for the HTTP API; empty means --host.");
+ABSL_FLAG(std::string, chat_template, "",
+          "A Jinja chat template file that replaces the model's templates for every chat "
+          "request (vLLM's --chat-template); empty: the model's own.");
 ABSL_FLAG(std::string, tool_call_format, "auto",
           "The syntax the model writes tool calls in: llama3_json, hermes, mistral, or auto "
           "(recognised from the chat template). Requests with tools need one.");
@@ -165,6 +168,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   HttpTransport::Options& http = c.http;
   http.host = absl::GetFlag(FLAGS_http_host).empty() ? c.host : absl::GetFlag(FLAGS_http_host);
   http.port = absl::GetFlag(FLAGS_http_port);
+  c.chat_template_file = absl::GetFlag(FLAGS_chat_template);
   c.tool_call_format = absl::GetFlag(FLAGS_tool_call_format);
   c.reasoning_parser = absl::GetFlag(FLAGS_reasoning_parser);
   c.max_reasoning_tokens = absl::GetFlag(FLAGS_max_reasoning_tokens);

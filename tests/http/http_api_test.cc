@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -302,6 +303,32 @@ TEST_F(HttpReasoningTest, ABudgetClosesTheThinkingAndTheAnswerFollows) {
 
 TEST_F(HttpReasoningTest, AConstraintMakesTheOutputTheAnswer) {
   RunClientTest(http_port_, ModelName(), "test_reasoning_and_constraints");
+}
+
+// --chat_template: a model whose own template opens <think> after the generation prompt,
+// served with a file holding kChatTemplate. Chat requests render through the file: the
+// prompt the client test expects of kChatTemplate. A file that does not parse stops the
+// scheduler at start (exit 2; jinja_unit_test checks the message names the file and line).
+TEST(HttpChatTemplateFlagTest, AFileReplacesTheModelsTemplate) {
+  TestTempDir model_dir;
+  MakeModelDir(model_dir, kThinkTemplate, nullptr);
+  TestTempDir files;
+  const std::string mine = files.WriteFile("mine.jinja", kChatTemplate);
+  const int port = FreePort();
+  {
+    Server server({"--model=" + model_dir.path(), "--http_port=" + std::to_string(port),
+                   "--chat_template=" + mine});
+    ASSERT_TRUE(server.WaitReady());
+    RunClientTest(port, std::filesystem::path(model_dir.path()).filename().string(),
+                  "test_chat_whole_and_streamed_agree_with_the_rendered_prompt");
+  }
+  const std::string broken = files.WriteFile("broken.jinja", "ok\n{% if %}");
+  std::optional<Subprocess> refused =
+      Subprocess::Start({SchedulerBinary(), "--model=" + model_dir.path(), "--port=0",
+                         "--metrics_port=0", "--chat_template=" + broken});
+  ASSERT_TRUE(refused.has_value());
+  refused->DrainStdout();  // The error (naming the file and line) goes to stderr.
+  EXPECT_EQ(refused->Wait(30s), 2);
 }
 
 TEST_F(HttpApiTest, SixtyFourConcurrentStreamsMatchRunsAlone) {

@@ -173,6 +173,18 @@ absl::StatusOr<ChatTemplates> LoadGgufChatTemplates(const std::string& path) {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplateFile(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no such file"));
+  }
+  ASSIGN_OR_RETURN(std::string source, ReadFile(path));
+  if (FindInvalidUtf8(source) != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid UTF-8"));
+  }
+  return ParseNamed(source, path);
+}
+
 absl::StatusOr<ChatTemplates> LoadChatTemplates(const std::string& model_dir) {
   // A GGUF file (the path rule of text/gguf_tokenizer.h's IsGgufPath) carries its
   // templates as metadata.

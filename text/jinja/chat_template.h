@@ -90,4 +90,9 @@ struct ChatTemplates {
 // unreadable file, or a list without "default" is an error naming where it came from.
 absl::StatusOr<ChatTemplates> LoadChatTemplates(const std::string& model_dir);
 
+// The template in the Jinja file at `path` (an operator's --chat_template), parsed; an
+// unreadable file or a template that does not parse is INVALID_ARGUMENT naming the file
+// (and the line).
+absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplateFile(const std::string& path);
+
 }  // namespace conveyor::jinja

@@ -304,6 +304,23 @@ TEST(JinjaLoadChatTemplateTest, ReadsAGgufFilesNamedTemplates) {
               HasSubstr("bad.gguf: tokenizer.chat_template.tool_use: chat template line 1"));
 }
 
+TEST(JinjaLoadChatTemplateTest, ReadsAnOperatorsTemplateFile) {
+  TestTempDir dir;
+  const std::string path = dir.WriteFile("mine.jinja", "{{ messages|length }} messages\n");
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> t = LoadChatTemplateFile(path);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*(*t)->Render(nlohmann::json{{"messages", {1, 2, 3}}}), "3 messages");
+
+  EXPECT_THAT(LoadChatTemplateFile(dir.path() + "/missing.jinja").status().message(),
+              HasSubstr("missing.jinja: no such file"));
+  EXPECT_THAT(LoadChatTemplateFile(dir.path()).status().message(), HasSubstr("no such file"));
+  const std::string broken = dir.WriteFile("broken.jinja", "ok\n{{ x|bogus }}");
+  EXPECT_THAT(LoadChatTemplateFile(broken).status().message(),
+              HasSubstr("broken.jinja: chat template line 2: no filter named 'bogus'"));
+  const std::string binary = dir.WriteFile("binary.jinja", std::string("\xff\xfe"));
+  EXPECT_THAT(LoadChatTemplateFile(binary).status().message(), HasSubstr("not valid UTF-8"));
+}
+
 TEST(JinjaLoadChatTemplateTest, NoTemplateIsNotAnError) {
   TestTempDir empty;
   absl::StatusOr<ChatTemplates> none = LoadChatTemplates(empty.path());
