@@ -103,7 +103,36 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(
   return checkpoint;
 }
 
+absl::Status Checkpoint::OpenFp8(const WeightQuantization& quantization) {
+  constexpr absl::string_view kScale = ".weight_scale_inv";
+  std::vector<std::string> layers;
+  for (const auto& [tensor, file] : tensor_to_file_) {
+    if (absl::EndsWith(tensor, kScale)) {
+      layers.push_back(tensor.substr(0, tensor.size() - kScale.size()));
+    }
+  }
+  std::sort(layers.begin(), layers.end());  // The first error is the same every time.
+  for (const std::string& layer : layers) {
+    const std::string weight_name = layer + ".weight";
+    auto weight_file = tensor_to_file_.find(weight_name);
+    if (weight_file == tensor_to_file_.end()) {
+      return absl::NotFoundError(absl::StrCat(dir_, ": FP8 layer '", layer,
+                                              "' has a weight_scale_inv but no tensor '",
+                                              weight_name, "'"));
+    }
+    const SafetensorsFile* scale_file = tensor_to_file_.at(layer + std::string(kScale));
+    ASSIGN_OR_RETURN(RawTensorView weight, weight_file->second->FindRaw(weight_name));
+    ASSIGN_OR_RETURN(RawTensorView scale, scale_file->FindRaw(layer + std::string(kScale)));
+    ASSIGN_OR_RETURN(
+        QuantizedLinear linear,
+        QuantizedLinear::MakeFp8(quantization, layer, weight_file->second->path(), weight, scale));
+    quantized_.emplace(weight_name, Quantized{std::move(linear), weight_file->second});
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Checkpoint::OpenQuantized(const WeightQuantization& quantization) {
+  if (quantization.method == WeightQuantization::Method::kFp8) return OpenFp8(quantization);
   constexpr absl::string_view kQweight = ".qweight";
   std::vector<std::string> layers;
   for (const auto& [tensor, file] : tensor_to_file_) {
@@ -167,6 +196,12 @@ absl::StatusOr<GgmlType> Checkpoint::QuantizedTypeOf(const std::string& name) co
     return absl::NotFoundError(
         absl::StrCat(dir_, ": '", name, "' is not a GPTQ/AWQ layer's weight"));
   }
+  if (!it->second.linear.has_blocks()) {
+    return absl::UnimplementedError(
+        absl::StrCat(dir_, ": '", name,
+                     "' is an FP8 layer's weight, which no ggml block holds: it is read as floats "
+                     "(--cpu_weight_dtype f32, bf16 or int8)"));
+  }
   return it->second.linear.block_type();
 }
 
@@ -180,6 +215,7 @@ absl::Status Checkpoint::ReadBlocks(const std::string& name,
         absl::StrCat(dir_, ": '", name, "' is not a GPTQ/AWQ layer's weight"));
   }
   const QuantizedLinear& linear = quantized->linear;
+  RETURN_IF_ERROR(QuantizedTypeOf(name).status());
   if (row_begin < 0 || row_begin > row_end || row_end > linear.rows() || col_begin < 0 ||
       col_begin > col_end || col_end > linear.cols()) {
     return absl::OutOfRangeError(absl::StrCat("rows [", row_begin, ", ", row_end, ") columns [",
@@ -275,6 +311,7 @@ uint64_t Checkpoint::TotalTensorBytes() const {
   // Tensors of unsupported dtypes are never read, so they are not counted, except the
   // integer tensors of quantized layers.
   auto quantized_part = [&](const std::string& name) {
+    if (quantized_.contains(name)) return true;  // An FP8 weight.
     for (absl::string_view suffix : {".qweight", ".qzeros", ".g_idx"}) {
       if (absl::EndsWith(name, suffix) &&
           quantized_.contains(

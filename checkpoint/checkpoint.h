@@ -27,7 +27,8 @@ class Checkpoint {
   // shard that the index names but that does not exist, or a tensor that the index maps
   // to a file that lacks it is an error naming the file.
   // `quantization` (config.json's quantization_config, ModelConfig::quantization) says how
-  // `*.qweight` layers are packed; each is checked now (QuantizedLinear::Make's errors).
+  // `*.qweight` layers are packed, or that `*.weight` tensors with a `*.weight_scale_inv`
+  // are FP8; each is checked now (QuantizedLinear::Make's and MakeFp8's errors).
   // Without one a `*.qweight` tensor is INVALID_ARGUMENT naming it.
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(
       const std::string& model_dir, const WeightQuantization& quantization = {});
@@ -83,8 +84,10 @@ class Checkpoint {
   // where `name` is not one.
   absl::StatusOr<const Quantized*> FindQuantized(const std::string& name,
                                                  const std::vector<int64_t>& expected_shape) const;
-  // Finds and checks every `*.qweight` layer (Open).
+  // Finds and checks every `*.qweight` layer, or with FP8 every `*.weight_scale_inv` one
+  // (Open).
   absl::Status OpenQuantized(const WeightQuantization& quantization);
+  absl::Status OpenFp8(const WeightQuantization& quantization);
 };
 
 }  // namespace conveyor

@@ -238,6 +238,33 @@ absl::Status ParseExperts(const ConfigReader& reader, ModelConfig* config) {
   return absl::OkStatus();
 }
 
+// transformers' FineGrainedFP8Config (quant_method "fp8", as Qwen3's and DeepSeek's FP8
+// checkpoints carry it): e4m3 weights with a float scale per weight_block_size block,
+// dequantized at load. The activations stay in the storage's precision, so
+// activation_scheme (dynamic or static FP8 inputs, for FP8 GEMMs) changes nothing here.
+absl::Status ParseFp8(const ConfigReader& reader, ModelConfig* config) {
+  WeightQuantization& q = config->quantization;
+  q.method = WeightQuantization::Method::kFp8;
+  std::string fmt = "e4m3";
+  RETURN_IF_ERROR(reader.Read("fmt", Need::kOptional, &fmt));
+  if (absl::AsciiStrToLower(fmt) != "e4m3") {
+    return reader.Error("fmt", absl::StrCat("'", fmt, "' is not supported (quant_method '",
+                                            q.method_name, "': supported: e4m3)"));
+  }
+  std::vector<int> block = {128, 128};
+  if (reader.Has("weight_block_size")) {
+    RETURN_IF_ERROR(reader.ReadIntList("weight_block_size", &block));
+  }
+  if (block.size() != 2 || block[0] <= 0 || block[1] <= 0) {
+    return reader.Error("weight_block_size",
+                        absl::StrCat("must be two positive sizes [rows, columns] (quant_method '",
+                                     q.method_name, "')"));
+  }
+  q.fp8_block_rows = block[0];
+  q.fp8_block_cols = block[1];
+  return absl::OkStatus();
+}
+
 // `quantization_config` (transformers' GPTQConfig and AwqConfig; AutoAWQ's own spellings
 // w_bit and q_group_size too): the layouts checkpoint/quantized_linear.h maps to ggml
 // blocks, everything else refused naming the quant_method and what does not map.
@@ -250,8 +277,10 @@ absl::Status ParseQuantization(const nlohmann::json& json, std::string_view sour
   auto refuse = [&](const std::string& key, const std::string& what) {
     return reader.Error(key, absl::StrCat(what, " (quant_method '", q.method_name,
                                           "'): Conveyor loads GPTQ (4 or 8 bits) and AWQ (4 "
-                                          "bits, GEMM) where they map to ggml blocks"));
+                                          "bits, GEMM) where they map to ggml blocks, and "
+                                          "block-wise FP8 (e4m3)"));
   };
+  if (method == "fp8") return ParseFp8(reader, config);
   if (method != "gptq" && method != "awq") {
     return refuse("quant_method", "is not supported");
   }

@@ -41,11 +41,12 @@ enum class MoeNaming {
   kMixtral,  // block_sparse_moe.gate, block_sparse_moe.experts.E.{w1,w3,w2}.
 };
 
-// How a GPTQ or AWQ checkpoint's linear layers are packed (`quantization_config` in
-// config.json), for checkpoint/quantized_linear.h. Parsed only where the layout maps to
-// ggml blocks (docs/cpu-weights.md): anything else is refused when the config is parsed.
+// How a GPTQ, AWQ or FP8 checkpoint's linear layers are stored (`quantization_config` in
+// config.json), for checkpoint/quantized_linear.h. GPTQ and AWQ are parsed only where the
+// layout maps to ggml blocks, FP8 where it is transformers' block-wise e4m3
+// (docs/cpu-weights.md): anything else is refused when the config is parsed.
 struct WeightQuantization {
-  enum class Method { kNone, kGptq, kAwq };
+  enum class Method { kNone, kGptq, kAwq, kFp8 };
   Method method = Method::kNone;
   int bits = 0;        // 4 or 8 (GPTQ); 4 (AWQ).
   int group_size = 0;  // Input weights per scale and zero point (a multiple of 32), or -1: a row.
@@ -56,6 +57,9 @@ struct WeightQuantization {
   // What to add to a stored zero point: 1 for GPTQ's v1 checkpoint_format ("gptq", which
   // AutoGPTQ and transformers write: zeros minus one), 0 for "gptq_v2" and AWQ.
   int zero_offset = 0;
+  // FP8: weights per scale, [rows, columns] (weight_block_size; transformers' default
+  // 128 × 128).
+  int fp8_block_rows = 0, fp8_block_cols = 0;
   // The quant_method as written, for messages.
   std::string method_name;
 };

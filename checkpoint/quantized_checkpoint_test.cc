@@ -73,14 +73,77 @@ TEST(QuantizationConfigTest, MapsGptqAndAwq) {
   EXPECT_EQ(plain->quantization.method, WeightQuantization::Method::kNone);
 }
 
+TEST(QuantizationConfigTest, ReadsBlockWiseFp8) {
+  absl::StatusOr<ModelConfig> config = ParseModelConfig(
+      ConfigWith({{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}}), "config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->quantization.method, WeightQuantization::Method::kFp8);
+  EXPECT_EQ(config->quantization.fp8_block_rows, 128);  // transformers' default.
+  EXPECT_EQ(config->quantization.fp8_block_cols, 128);
+  EXPECT_NE(config->torch_dtype.rfind('Q', 0), 0u);  // Not a block type: read as floats.
+  config = ParseModelConfig(ConfigWith({{"quant_method", "fp8"},
+                                        {"fmt", "e4m3"},
+                                        {"activation_scheme", "static"},
+                                        {"weight_block_size", {64, 32}}}),
+                            "config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->quantization.fp8_block_rows, 64);
+  EXPECT_EQ(config->quantization.fp8_block_cols, 32);
+}
+
+TEST(QuantizedLinearTest, Fp8LayersAreCheckedAtLoad) {
+  WeightQuantization q;
+  q.method = WeightQuantization::Method::kFp8;
+  q.method_name = "fp8";
+  q.fp8_block_rows = q.fp8_block_cols = 2;
+  std::vector<uint8_t> codes = {0x38, 0xb8, 0x00, 0x01, 0x7e, 0x40};  // 1, -1, 0, 2^-9, 448, 2.
+  std::vector<float> scales = {0.5f, 2.0f};                           // [1, 2] for [2, 3].
+  auto view = [](const char* name, const char* dtype, std::vector<int64_t> shape, const void* data,
+                 size_t bytes) {
+    return RawTensorView{name, dtype, std::move(shape), static_cast<const std::byte*>(data), bytes};
+  };
+  const RawTensorView weight = view("l.weight", "F8_E4M3", {2, 3}, codes.data(), codes.size());
+  const RawTensorView scale = view("l.weight_scale_inv", "F32", {1, 2}, scales.data(), 8);
+  absl::StatusOr<QuantizedLinear> linear = QuantizedLinear::MakeFp8(q, "l", "f", weight, scale);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_FALSE(linear->has_blocks());
+  std::vector<float> w(6);
+  linear->Dequantize(0, 2, 0, 3, w.data());
+  // Columns 0-1 scale 0.5, column 2 scale 2.
+  EXPECT_THAT(w, ::testing::ElementsAre(0.5f, -0.5f, 0.0f, 0x1p-10f, 224.0f, 4.0f));
+
+  auto error = [&](const RawTensorView& wt, const RawTensorView& sc) {
+    absl::StatusOr<QuantizedLinear> made = QuantizedLinear::MakeFp8(q, "l", "f", wt, sc);
+    EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(made.status().message());
+  };
+  EXPECT_THAT(error(view("l.weight", "BF16", {2, 3}, codes.data(), 12), scale),
+              AllOf(HasSubstr("f: FP8 layer 'l' (quant_method 'fp8')"),
+                    HasSubstr("dtype BF16, expected F8_E4M3")));
+  EXPECT_THAT(error(weight, view("l.weight_scale_inv", "F32", {2, 2}, scales.data(), 16)),
+              HasSubstr("expected [1, 2] (one scale per 2 x 2 block)"));
+  EXPECT_THAT(error(weight, view("l.weight_scale_inv", "I32", {1, 2}, scales.data(), 8)),
+              HasSubstr("expected F32, BF16 or F16"));
+  std::vector<float> infinite = {0.5f, INFINITY};
+  EXPECT_THAT(error(weight, view("l.weight_scale_inv", "F32", {1, 2}, infinite.data(), 8)),
+              HasSubstr("holds inf at index 1"));
+  std::vector<uint8_t> nan = codes;
+  nan[4] = 0xff;
+  EXPECT_THAT(error(view("l.weight", "F8_E4M3", {2, 3}, nan.data(), 6), scale),
+              HasSubstr("'l.weight' holds NaN at row 1, column 1"));
+}
+
 TEST(QuantizationConfigTest, RefusesWhatDoesNotMapNamingQuantMethodAndKey) {
   struct Case {
     nlohmann::json quantization;
     std::vector<std::string> message;
   };
   const Case cases[] = {
-      {{{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}},
-       {"'quantization_config.quant_method' is not supported", "quant_method 'fp8'"}},
+      {{{"quant_method", "hqq"}, {"nbits", 4}},
+       {"'quantization_config.quant_method' is not supported", "quant_method 'hqq'"}},
+      {{{"quant_method", "fp8"}, {"fmt", "e5m2"}}, {"'quantization_config.fmt'", "e5m2"}},
+      {{{"quant_method", "fp8"}, {"weight_block_size", {128}}},
+       {"'quantization_config.weight_block_size' must be two positive sizes"}},
       {{{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}}, {"quant_method 'bitsandbytes'"}},
       {{{"quant_method", "compressed-tensors"}}, {"quant_method 'compressed-tensors'"}},
       {{{"quant_method", "gptq"}, {"bits", 3}, {"group_size", 128}},

@@ -1,9 +1,11 @@
 #include "checkpoint/quantized_linear.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -175,8 +177,111 @@ void QuantizedLinear::Unpack(int64_t row_begin, int64_t row_end, std::vector<uin
   }
 }
 
+namespace {
+
+// float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, S.1111.111
+// is NaN. Every value is exact in float32.
+float E4m3ToFloat(uint8_t bits) {
+  const int exponent = (bits >> 3) & 0xf, mantissa = bits & 7;
+  const float magnitude = exponent == 0
+                              ? std::ldexp(static_cast<float>(mantissa), -9)
+                              : std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
+  return (bits & 0x80) != 0 ? -magnitude : magnitude;
+}
+
+bool IsE4m3Nan(uint8_t bits) { return (bits & 0x7f) == 0x7f; }
+
+const std::array<float, 256>& E4m3Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[b] = E4m3ToFloat(static_cast<uint8_t>(b));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+absl::StatusOr<QuantizedLinear> QuantizedLinear::MakeFp8(const WeightQuantization& quantization,
+                                                         const std::string& layer,
+                                                         const std::string& path,
+                                                         const RawTensorView& weight,
+                                                         const RawTensorView& scale) {
+  const std::string what = absl::StrCat(path, ": FP8 layer '", layer, "' (quant_method '",
+                                        quantization.method_name, "')");
+  auto malformed = [&](const std::string& problem) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", problem));
+  };
+  if (weight.dtype != "F8_E4M3") {
+    return malformed(
+        absl::StrCat("tensor '", weight.name, "' has dtype ", weight.dtype, ", expected F8_E4M3"));
+  }
+  if (weight.shape.size() != 2 || weight.shape[0] <= 0 || weight.shape[1] <= 0) {
+    return malformed(absl::StrCat("tensor '", weight.name, "' has shape ",
+                                  ShapeString(weight.shape), ", expected [out, in]"));
+  }
+  QuantizedLinear q;
+  q.fp8_ = true;
+  q.out_ = weight.shape[0];
+  q.in_ = weight.shape[1];
+  q.fp8_block_rows_ = quantization.fp8_block_rows;
+  q.fp8_block_cols_ = quantization.fp8_block_cols;
+  const std::vector<int64_t> scale_shape = {(q.out_ + q.fp8_block_rows_ - 1) / q.fp8_block_rows_,
+                                            (q.in_ + q.fp8_block_cols_ - 1) / q.fp8_block_cols_};
+  if (scale.shape != scale_shape) {
+    return malformed(absl::StrCat("tensor '", scale.name, "' has shape ", ShapeString(scale.shape),
+                                  ", expected ", ShapeString(scale_shape), " (one scale per ",
+                                  q.fp8_block_rows_, " x ", q.fp8_block_cols_, " block)"));
+  }
+  std::optional<DType> scale_dtype;
+  if (scale.dtype == "F32") scale_dtype = DType::kF32;
+  if (scale.dtype == "BF16") scale_dtype = DType::kBF16;
+  if (scale.dtype == "F16") scale_dtype = DType::kF16;
+  if (!scale_dtype.has_value()) {
+    return malformed(absl::StrCat("tensor '", scale.name, "' has dtype ", scale.dtype,
+                                  ", expected F32, BF16 or F16"));
+  }
+  const size_t scales = static_cast<size_t>(scale_shape[0] * scale_shape[1]);
+  q.fp8_scales_.resize(scales);
+  ConvertToF32(*scale_dtype, scale.data, scales, q.fp8_scales_.data());
+  for (size_t i = 0; i < scales; ++i) {
+    if (!std::isfinite(q.fp8_scales_[i])) {
+      return malformed(
+          absl::StrCat("tensor '", scale.name, "' holds ", q.fp8_scales_[i], " at index ", i));
+    }
+  }
+  q.fp8_weight_ = weight.data;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(weight.data);
+  const size_t count = static_cast<size_t>(q.out_ * q.in_);
+  for (size_t i = 0; i < count; ++i) {
+    if (IsE4m3Nan(bytes[i])) {
+      return malformed(absl::StrCat("tensor '", weight.name, "' holds NaN at row ", i / q.in_,
+                                    ", column ", i % q.in_));
+    }
+  }
+  return q;
+}
+
+void QuantizedLinear::DequantizeFp8(int64_t row_begin, int64_t row_end, int64_t col_begin,
+                                    int64_t col_end, float* out) const {
+  const std::array<float, 256>& table = E4m3Table();
+  const auto* bytes = reinterpret_cast<const uint8_t*>(fp8_weight_);
+  const int64_t scale_cols = (in_ + fp8_block_cols_ - 1) / fp8_block_cols_;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const float* scales = fp8_scales_.data() + (r / fp8_block_rows_) * scale_cols;
+    const uint8_t* row = bytes + r * in_;
+    for (int64_t c = col_begin; c < col_end; ++c) {
+      *out++ = table[row[c]] * scales[c / fp8_block_cols_];
+    }
+  }
+}
+
 void QuantizedLinear::Dequantize(int64_t row_begin, int64_t row_end, int64_t col_begin,
                                  int64_t col_end, float* out) const {
+  if (fp8_) {
+    DequantizeFp8(row_begin, row_end, col_begin, col_end, out);
+    return;
+  }
   const int64_t width = col_end - col_begin;
   std::vector<uint8_t> q;
   for (int64_t chunk = row_begin; chunk < row_end; chunk += kRowChunk) {

@@ -22,6 +22,11 @@
 //     nibble kAwqNibble[o % 8] (AWQ's interleaved order 0, 2, 4, 6, 1, 3, 5, 7: nibble k
 //     holds output 8·(o / 8) + that[k]); qzeros int32 [groups, out / 8] the same way;
 //     scales fp16 [groups, out]. Zero points as they are.
+// FP8 (transformers' FineGrainedFP8Config, quant_method "fp8"): `<layer>.weight` as
+// float8_e4m3fn [out, in] and `<layer>.weight_scale_inv` (F32, BF16 or F16) [ceil(out /
+// block rows), ceil(in / block columns)], w = float(e4m3) · scale in float32 (one rounding,
+// as transformers' dequantization). No ggml block holds e4m3 values, so these layers are
+// only read as floats.
 // docs/cpu-weights.md describes what maps and what is refused.
 #pragma once
 
@@ -55,10 +60,19 @@ class QuantizedLinear {
   static absl::StatusOr<QuantizedLinear> Make(const WeightQuantization& quantization,
                                               const std::string& layer, const std::string& path,
                                               const Tensors& tensors);
+  // An FP8 layer: `weight` e4m3 [out, in] and `scale` its weight_scale_inv, checked
+  // (dtypes, shapes INVALID_ARGUMENT; a scale that is not finite, or a weight that is
+  // e4m3's NaN, INVALID_ARGUMENT naming the layer).
+  static absl::StatusOr<QuantizedLinear> MakeFp8(const WeightQuantization& quantization,
+                                                 const std::string& layer, const std::string& path,
+                                                 const RawTensorView& weight,
+                                                 const RawTensorView& scale);
 
   int64_t rows() const { return out_; }  // Output features.
   int64_t cols() const { return in_; }   // Input features.
-  // The block its groups map to: kQ4_0, kQ4_1 or kQ8_0.
+  // Whether its weights map to ggml blocks (GPTQ, AWQ) or are only read as floats (FP8).
+  bool has_blocks() const { return !fp8_; }
+  // The block its groups map to: kQ4_0, kQ4_1 or kQ8_0 (has_blocks() only).
   GgmlType block_type() const { return block_type_; }
 
   // Rows [row_begin, row_end) and columns [col_begin, col_end), dequantized, into `out`
@@ -66,7 +80,8 @@ class QuantizedLinear {
   void Dequantize(int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end,
                   float* out) const;
   // The same rows and columns as block_type() blocks, each row's blocks from the one
-  // holding col_begin, appended to `out`. The columns must be multiples of 32.
+  // holding col_begin, appended to `out`. The columns must be multiples of 32; has_blocks()
+  // only.
   void AppendBlocks(int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end,
                     std::vector<std::byte>* out) const;
 
@@ -77,6 +92,13 @@ class QuantizedLinear {
   void Unpack(int64_t row_begin, int64_t row_end, std::vector<uint8_t>* q) const;
   uint16_t ScaleBits(int64_t group, int64_t row) const;
 
+  void DequantizeFp8(int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end,
+                     float* out) const;
+
+  bool fp8_ = false;
+  int64_t fp8_block_rows_ = 0, fp8_block_cols_ = 0;
+  const std::byte* fp8_weight_ = nullptr;  // e4m3 [out, in].
+  std::vector<float> fp8_scales_;          // [ceil(out / rows), ceil(in / cols)].
   bool awq_ = false;
   int bits_ = 4;
   int64_t in_ = 0, out_ = 0, group_size_ = 0, groups_ = 0;

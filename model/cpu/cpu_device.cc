@@ -154,7 +154,7 @@ bool BlockQuantized(std::string_view torch_dtype) {
 }  // namespace
 
 bool KeepsQuantizedWeights(CpuWeightChoice choice, std::string_view torch_dtype) {
-  // auto keeps the blocks where their kernels beat int8 (AVX-512 VNNI; docs/cpu-weights.md):
+  // auto keeps the blocks where their kernels beat int8 (AVX2, AVX-512 VNNI; docs/cpu-weights.md):
   // then the weights are the file's exactly, and fewer bytes.
   const bool keep = choice == CpuWeightChoice::kGguf ||
                     (choice == CpuWeightChoice::kAuto && kernels::QuantGemmBeatsInt8());
@@ -192,8 +192,8 @@ kernels::CpuWeightDtype ResolveCpuWeightDtype(CpuWeightChoice choice,
       break;
   }
   // A block-quantized file holds at most 8.5 bits a weight: int8 with per-channel scales
-  // reads a byte each and, without AVX-512 VNNI, runs faster than the blocks themselves
-  // (docs/cpu-weights.md, bench/results/2026-12-06-quant). Where the blocks are kept
+  // reads a byte each and, on a CPU without AVX2, runs faster than the portable block
+  // kernel (docs/cpu-weights.md, bench/results/2026-12-06-quant). Where the blocks are kept
   // (KeepsQuantizedWeights) this applies only to the tensors left out of them
   // (embeddings, routers).
   if (choice == CpuWeightChoice::kAuto && BlockQuantized(torch_dtype)) {

@@ -280,7 +280,7 @@ TEST(GptqAwqErrorsTest, RefusesAnUnsupportedQuantMethodAtLoad) {
   TestTempDir dir;
   std::filesystem::copy(TestModelDir(kVariant), dir.path() + "/m");
   nlohmann::json config = nlohmann::json::parse(ReadBytes(dir.path() + "/m/config.json"));
-  config["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}};
+  config["quantization_config"] = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}};
   dir.WriteFile("m/config.json", config.dump());
   auto backend =
       kernels::MakeCpuBackend(1, kernels::CpuWeightDtype::kF32, kernels::CpuKvDtype::kF32, false);
@@ -288,7 +288,7 @@ TEST(GptqAwqErrorsTest, RefusesAnUnsupportedQuantMethodAtLoad) {
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(model.status().message(), HasSubstr("config.json"));
-  EXPECT_THAT(model.status().message(), HasSubstr("quant_method 'fp8'"));
+  EXPECT_THAT(model.status().message(), HasSubstr("quant_method 'bitsandbytes'"));
 }
 
 }  // namespace
