@@ -50,7 +50,9 @@ struct Context {
     auto parsed = jinja::ChatTemplate::Parse(source.str());
     if (!parsed.ok()) InvariantViolated("the fuzz chat template", parsed.status().ToString());
     chat_template = *std::move(parsed);
-    chat = {chat_template.get(), "<|begin_of_text|>", "<|end_of_text|>"};
+    chat.chat_template = chat_template.get();
+    chat.bos_token = "<|begin_of_text|>";
+    chat.eos_token = "<|end_of_text|>";
     options.model_name = "tiny";
     options.model_aliases = {"/models/tiny"};
     limits.vocab_size = tokenizer->vocab_size() + 64;
