@@ -22,16 +22,15 @@ give these values bit for bit.
 import argparse
 import json
 import os
-import re
-import shutil
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gguf_ref"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hf_to_gguf import read_safetensors  # noqa: E402
+from make_gptq_awq import QUANTIZED, copy_side_files, write_safetensors  # noqa: E402
 
-QUANTIZED = re.compile(r"^model\.layers\..*(_proj|\.w[123])\.weight$")
 E4M3_MAX = 448.0
 
 
@@ -63,25 +62,6 @@ def bf16_round(x):
     bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
     return bits.astype(np.uint32).view(np.float32)
-
-
-def write_safetensors(path, tensors):
-    """`tensors`: name -> (safetensors dtype, numpy array of that element size)."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        dtype, array = tensors[name]
-        raw = np.ascontiguousarray(array).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for raw in blobs:
-            f.write(raw)
 
 
 def main():
@@ -139,15 +119,7 @@ def main():
 
     quantization = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                     "weight_block_size": [rows_per, cols_per]}
-    for name in os.listdir(args.model):
-        # The tokenizer and the like; not the weights, nor the source's reference outputs.
-        if name.endswith(".safetensors") or name in ("config.json", "model.safetensors.index.json",
-                                                     "reference.json", "prompts.json"):
-            continue
-        source = os.path.join(args.model, name)
-        if os.path.isfile(source):
-            shutil.copy(source, args.out)
-            shutil.copy(source, args.reference)
+    copy_side_files(args.model, args.out, args.reference)
     with open(os.path.join(args.reference, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     with open(os.path.join(args.out, "config.json"), "w") as f:

@@ -53,13 +53,16 @@ QUANTIZED = re.compile(r"^model\.layers\..*(_proj|\.w[123])\.weight$")
 
 
 def write_safetensors(path, tensors):
-    """`tensors`: name -> numpy array (float32, float16 or int32)."""
+    """`tensors`: name -> numpy array (float32, float16 or int32), or (safetensors dtype,
+    numpy array of that element size) for the others (F8_E4M3, BF16)."""
     names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int32): "I32"}
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
-        array = np.ascontiguousarray(tensors[name])
+        value = tensors[name]
+        dtype, array = value if isinstance(value, tuple) else (names[value.dtype], value)
+        array = np.ascontiguousarray(array)
         raw = array.tobytes()
-        header[name] = {"dtype": names[array.dtype], "shape": list(array.shape),
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
                         "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
@@ -70,6 +73,19 @@ def write_safetensors(path, tensors):
         f.write(text)
         for raw in blobs:
             f.write(raw)
+
+
+def copy_side_files(model, *dirs):
+    """Copies the tokenizer and the like from `model` into each of `dirs`: not the weights,
+    the config, nor the source's reference outputs."""
+    for name in os.listdir(model):
+        if name.endswith(".safetensors") or name in ("config.json", "model.safetensors.index.json",
+                                                     "reference.json", "prompts.json"):
+            continue
+        source = os.path.join(model, name)
+        if os.path.isfile(source):
+            for d in dirs:
+                shutil.copy(source, d)
 
 
 def quantize(w, bits, group, sym, min_zero):
@@ -271,15 +287,7 @@ def main():
                      "model_name_or_path": None, "model_file_base_name": "model"} if gptq else
                     {"quant_method": "awq", "bits": 4, "group_size": args.group_size,
                      "zero_point": True, "version": "gemm", "modules_to_not_convert": None})
-    for name in os.listdir(args.model):
-        # The tokenizer and the like; not the weights, nor the source's reference outputs.
-        if name.endswith(".safetensors") or name in ("config.json", "model.safetensors.index.json",
-                                                     "reference.json", "prompts.json"):
-            continue
-        source = os.path.join(args.model, name)
-        if os.path.isfile(source):
-            shutil.copy(source, args.out)
-            shutil.copy(source, args.reference)
+    copy_side_files(args.model, args.out, args.reference)
     with open(os.path.join(args.reference, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     with open(os.path.join(args.out, "config.json"), "w") as f:

@@ -7,11 +7,7 @@
 //  - The served model equals the model built from the reference weights: logits bit for
 //    bit and the same greedy tokens at f32, bf16 and int8 storage.
 //  - FP8 layers have no ggml blocks: asking for them is UNIMPLEMENTED, saying why.
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_device.h"
+#include "tests/support/quant_ref.h"
 #include "tests/support/test_support.h"
 
 namespace conveyor::testing {
@@ -33,40 +30,12 @@ using ::testing::HasSubstr;
 constexpr int kBlockSize = 16;
 constexpr int kNumBlocks = 64;
 constexpr int kGreedyTokens = 24;
-constexpr char kVariant[] = "llama3_gqa";
-
-std::string SourceRoot() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
+constexpr const char* kVariant = kQuantRefVariant;
 
 // dir/q (FP8) and dir/ref (numpy-dequantized) for make_fp8.py's `args`; false after a
 // failure saying why.
 bool Write(const TestTempDir& dir, const std::string& args) {
-  const char* venv = std::getenv("CONVEYOR_TEST_VENV");
-  const std::string python = absl::StrCat(
-      venv != nullptr && *venv != '\0' ? venv : "/opt/conveyor-test-venv", "/bin/python");
-  if (!std::filesystem::exists(python)) {
-    ADD_FAILURE() << "no Python with numpy at " << python
-                  << "; run scripts/install-deps.sh (or set CONVEYOR_TEST_VENV)";
-    return false;
-  }
-  const std::string log = dir.path() + "/make.log";
-  const std::string command =
-      absl::StrCat("'", python, "' '", SourceRoot(), "/tests/quant_ref/make_fp8.py' --model '",
-                   TestModelDir(kVariant), "' --out '", dir.path(), "/q' --reference '", dir.path(),
-                   "/ref' ", args, " > '", log, "' 2>&1");
-  if (std::system(command.c_str()) != 0) {
-    ADD_FAILURE() << command << " failed:\n" << ReadBytes(log);
-    return false;
-  }
-  return true;
+  return RunQuantRefScript(dir, "make_fp8.py", args);
 }
 
 class Fp8Test : public ::testing::TestWithParam<const char*> {};

@@ -16,11 +16,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "model/cpu/cpu_device.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/quant_ref.h"
 #include "tests/support/test_support.h"
 
 namespace conveyor::testing {
@@ -44,18 +42,7 @@ using ::testing::HasSubstr;
 constexpr int kBlockSize = 16;
 constexpr int kNumBlocks = 64;
 constexpr int kGreedyTokens = 24;
-constexpr char kVariant[] = "llama3_gqa";
-
-std::string SourceRoot() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().string();
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
+constexpr const char* kVariant = kQuantRefVariant;
 
 struct Case {
   const char* name;
@@ -68,24 +55,8 @@ struct Case {
 // The checkpoint written for `c` in `dir`: dir/q (GPTQ/AWQ), dir/ref (numpy-dequantized,
 // plain), dir/exp (expected blocks); false after a failure saying why.
 bool Write(const TestTempDir& dir, const Case& c, const std::string& extra = "") {
-  const char* venv = std::getenv("CONVEYOR_TEST_VENV");
-  const std::string python = absl::StrCat(
-      venv != nullptr && *venv != '\0' ? venv : "/opt/conveyor-test-venv", "/bin/python");
-  if (!std::filesystem::exists(python)) {
-    ADD_FAILURE() << "no Python with numpy and the gguf package at " << python
-                  << "; run scripts/install-deps.sh (or set CONVEYOR_TEST_VENV)";
-    return false;
-  }
-  const std::string log = dir.path() + "/make.log";
-  const std::string command = absl::StrCat(
-      "'", python, "' '", SourceRoot(), "/tests/quant_ref/make_gptq_awq.py' --model '",
-      TestModelDir(kVariant), "' --out '", dir.path(), "/q' --reference '", dir.path(),
-      "/ref' --expected '", dir.path(), "/exp' ", c.args, " ", extra, " > '", log, "' 2>&1");
-  if (std::system(command.c_str()) != 0) {
-    ADD_FAILURE() << command << " failed:\n" << ReadBytes(log);
-    return false;
-  }
-  return true;
+  return RunQuantRefScript(dir, "make_gptq_awq.py",
+                           absl::StrCat("--expected '", dir.path(), "/exp' ", c.args, " ", extra));
 }
 
 class GptqAwqTest : public ::testing::TestWithParam<Case> {};
