@@ -94,7 +94,19 @@ WorkerGroup::WorkerGroup(Options options) : options_(std::move(options)) {
       options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials();
   for (const std::string& address : options_.addresses) {
     stubs_.push_back(v1::Worker::NewStub(grpc::CreateCustomChannel(address, credentials, args)));
+    step_streams_.push_back(std::make_unique<WorkerStepStream>(
+        stubs_.back().get(), options_.scheduler_id, options_.step_timeout));
   }
+  watchdog_ = std::thread([this] { WatchStepTimeouts(); });
+}
+
+WorkerGroup::~WorkerGroup() {
+  {
+    std::lock_guard<std::mutex> lock(watchdog_mu_);
+    stopping_ = true;
+  }
+  watchdog_cv_.notify_all();
+  watchdog_.join();
 }
 
 absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
@@ -164,86 +176,58 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
   return info;
 }
 
-std::vector<std::unique_ptr<grpc::ClientContext>> WorkerGroup::StepContexts() const {
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(world_size());
-  for (std::unique_ptr<grpc::ClientContext>& context : contexts) {
-    context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(std::chrono::system_clock::now() + options_.step_timeout);
-    context->AddMetadata(kSchedulerIdMetadataKey, options_.scheduler_id);
-  }
-  return contexts;
-}
-
-absl::StatusOr<v1::StepResponse> WorkerGroup::StepResult(
-    uint64_t step_id, const std::vector<grpc::Status>& statuses,
-    std::vector<v1::StepResponse>& responses) const {
+absl::StatusOr<v1::StepResponse> WorkerGroup::ReceiveStep(uint64_t step_id) {
+  absl::StatusOr<v1::StepResponse> rank0;
+  absl::Status first_error;
   for (int rank = 0; rank < world_size(); ++rank) {
-    if (!statuses[rank].ok()) {
-      return absl::Status(
-          static_cast<absl::StatusCode>(statuses[rank].error_code()),
-          absl::StrCat("worker rank ", rank, " (", options_.addresses[rank], "): step ", step_id,
-                       " failed: ", statuses[rank].error_message()));
+    absl::StatusOr<v1::StepResponse> answer = step_streams_[rank]->Receive(step_id);
+    if (!answer.ok() && first_error.ok()) {
+      first_error =
+          absl::Status(answer.status().code(),
+                       absl::StrCat("worker rank ", rank, " (", options_.addresses[rank],
+                                    "): step ", step_id, " failed: ", answer.status().message()));
     }
+    if (rank == 0) rank0 = std::move(answer);
   }
-  return std::move(responses[0]);
+  if (!first_error.ok()) return first_error;
+  return rank0;
 }
 
 absl::StatusOr<v1::StepResponse> WorkerGroup::Step(const v1::StepRequest& request) {
-  if (world_size() > 1) return StartStep(request)->Wait();
-  // One rank: a blocking call takes the answer on this thread; the callback API would
-  // take it on a gRPC thread and then wake this one, 40-90 µs more per step
-  // (scheduler_bench step_rpc, a 2-core VM).
-  std::vector<v1::StepResponse> responses(1);
-  std::vector<grpc::Status> statuses(1);
-  const std::vector<std::unique_ptr<grpc::ClientContext>> contexts = StepContexts();
-  statuses[0] = stubs_[0]->Step(contexts[0].get(), request, &responses[0]);
-  return StepResult(request.step_id(), statuses, responses);
+  for (const std::unique_ptr<WorkerStepStream>& stream : step_streams_) stream->Send(request);
+  return ReceiveStep(request.step_id());
 }
 
-// One step's calls to every rank, answered on gRPC's threads.
+// A step sent to every rank whose answers have not been read yet.
 class WorkerGroup::PendingStep final : public StepCall {
  public:
-  PendingStep(const WorkerGroup* group, const v1::StepRequest& request)
-      : group_(group),
-        request_(request),
-        contexts_(group->StepContexts()),
-        responses_(group->world_size()),
-        statuses_(group->world_size()),
-        latch_(group->world_size()) {
-    for (int rank = 0; rank < group->world_size(); ++rank) {
-      group->stubs_[rank]->async()->Step(contexts_[rank].get(), &request_, &responses_[rank],
-                                         [this, rank](grpc::Status status) {
-                                           statuses_[rank] = std::move(status);
-                                           latch_.CountDown();
-                                         });
-    }
-  }
-  // The callbacks write into this object: it outlives them.
-  ~PendingStep() override {
-    Cancel();
-    latch_.Wait();
-  }
-
-  absl::StatusOr<v1::StepResponse> Wait() override {
-    latch_.Wait();
-    return group_->StepResult(request_.step_id(), statuses_, responses_);
-  }
-
-  void Cancel() override {
-    for (const std::unique_ptr<grpc::ClientContext>& context : contexts_) context->TryCancel();
-  }
+  PendingStep(WorkerGroup* group, uint64_t step_id) : group_(group), step_id_(step_id) {}
+  // The answers are read by the next step's Wait, or never (the group goes first).
+  absl::StatusOr<v1::StepResponse> Wait() override { return group_->ReceiveStep(step_id_); }
+  // Nothing to do: a worker refuses at once a step whose predecessor it refused or
+  // failed, and a stream that ended fails every step sent on it.
 
  private:
-  const WorkerGroup* group_;
-  const v1::StepRequest request_;  // gRPC reads it until the calls end.
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
-  std::vector<v1::StepResponse> responses_;
-  std::vector<grpc::Status> statuses_;
-  Latch latch_;
+  WorkerGroup* const group_;
+  const uint64_t step_id_;
 };
 
 std::unique_ptr<StepCall> WorkerGroup::StartStep(const v1::StepRequest& request) {
-  return std::make_unique<PendingStep>(this, request);
+  for (const std::unique_ptr<WorkerStepStream>& stream : step_streams_) stream->Send(request);
+  return std::make_unique<PendingStep>(this, request.step_id());
+}
+
+void WorkerGroup::WatchStepTimeouts() {
+  // Checked now and then: a step timeout is seconds, and the streams' blocking reads
+  // have no deadline of their own.
+  constexpr auto kPoll = std::chrono::milliseconds(20);
+  std::unique_lock<std::mutex> lock(watchdog_mu_);
+  while (!watchdog_cv_.wait_for(lock, kPoll, [&] { return stopping_; })) {
+    const auto now = std::chrono::steady_clock::now();
+    for (const std::unique_ptr<WorkerStepStream>& stream : step_streams_) {
+      stream->ExpireOverdue(now);
+    }
+  }
 }
 
 absl::StatusOr<RecoveredWorkers> WorkerGroup::Recover(

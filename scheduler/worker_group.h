@@ -1,20 +1,24 @@
 // The worker ranks of one model replica, over gRPC: initialises them together (and again
-// after a failure), sends every step to all of them in parallel, and checks while idle
-// that they are still up and initialised. Every call carries the scheduler's identity
+// after a failure), sends every step to all of them on one step stream per rank
+// (scheduler/worker_step_stream.h), and checks while idle that they are still up and
+// initialised. Every call carries the scheduler's identity
 // (rpc/scheduler_id_metadata.h), which binds the workers to this scheduler.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/security/credentials.h"
 #include "scheduler/step_executor.h"
+#include "scheduler/worker_step_stream.h"
 #include "text/token_bytes.h"
 #include "worker.grpc.pb.h"
 
@@ -56,6 +60,9 @@ class WorkerGroup final : public StepExecutor {
   };
 
   explicit WorkerGroup(Options options);
+  ~WorkerGroup() override;
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
 
   // Calls Init on every rank in parallel, waiting for ranks that are still starting
   // until `deadline`; with several ranks, first asks rank 0 for the collective id that
@@ -80,12 +87,11 @@ class WorkerGroup final : public StepExecutor {
  private:
   class PendingStep;
 
-  // A context for a step call to every rank: the step timeout and the scheduler's id.
-  std::vector<std::unique_ptr<grpc::ClientContext>> StepContexts() const;
-  // Rank 0's response once every rank answered, else the first rank's error.
-  absl::StatusOr<worker::v1::StepResponse> StepResult(
-      uint64_t step_id, const std::vector<grpc::Status>& statuses,
-      std::vector<worker::v1::StepResponse>& responses) const;
+  // Every rank's answer to step `step_id`: rank 0's response, or the first rank's error.
+  // Reads every rank's answer, so that the streams stay in step.
+  absl::StatusOr<worker::v1::StepResponse> ReceiveStep(uint64_t step_id);
+  // Ends the step streams whose oldest step is overdue, until the group goes.
+  void WatchStepTimeouts();
 
   template <typename Call>
   grpc::Status CallUntil(std::chrono::system_clock::time_point deadline, bool retry, Call call);
@@ -96,6 +102,12 @@ class WorkerGroup final : public StepExecutor {
   std::atomic<bool> init_cancelled_{false};
   std::mutex init_mu_;
   std::set<grpc::ClientContext*> init_calls_;  // Guarded by init_mu_.
+
+  std::vector<std::unique_ptr<WorkerStepStream>> step_streams_;  // One per rank.
+  std::mutex watchdog_mu_;
+  std::condition_variable watchdog_cv_;
+  bool stopping_ = false;  // Guarded by watchdog_mu_.
+  std::thread watchdog_;   // Runs WatchStepTimeouts.
 };
 
 }  // namespace conveyor::scheduler

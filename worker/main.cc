@@ -27,6 +27,9 @@
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
 ABSL_FLAG(int, port, 50061, "Port to listen on; 0 picks a free one (printed on stdout).");
+ABSL_FLAG(std::string, unix_socket, "",
+          "Also serve on this Unix socket path (a scheduler on the same machine then uses "
+          "--workers=unix:PATH): a step's round trip costs about half of loopback TCP's.");
 ABSL_FLAG(int, metrics_port, 9401, "Port for Prometheus metrics (/metrics); 0 disables.");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu, or cuda (needs a CUDA build).");
 ABSL_FLAG(int, device, 0, "CUDA device for --backend=cuda.");
@@ -220,6 +223,11 @@ int main(int argc, char** argv) {
   const std::string address =
       absl::GetFlag(FLAGS_host) + ":" + std::to_string(absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, *credentials, &port);
+  const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  int unix_bound = 0;
+  if (!unix_socket.empty()) {
+    builder.AddListeningPort("unix:" + unix_socket, *credentials, &unix_bound);
+  }
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_receive_bytes));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -227,6 +235,11 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on {}", address);
     return 1;
   }
+  if (!unix_socket.empty() && unix_bound == 0) {
+    spdlog::error("cannot listen on the Unix socket {} (--unix_socket)", unix_socket);
+    return 1;
+  }
+  if (!unix_socket.empty()) spdlog::info("conveyor-worker also serving on unix:{}", unix_socket);
   // Tests and scripts read this line to find the port.
   std::printf("conveyor-worker listening on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(), port);
   std::fflush(stdout);

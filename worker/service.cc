@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -101,6 +102,17 @@ WorkerService::WorkerService(std::unique_ptr<model::Device> device, const Option
   AddRawMethod("/conveyor.worker.v1.Worker/Init", Callers::kClaimants, &WorkerService::Init);
   AddRawMethod("/conveyor.worker.v1.Worker/Step", Callers::kBoundOrNotInitialised,
                &WorkerService::Step);
+  // The scheduler's steps arrive on one stream; each message is checked and run as the
+  // unary Step runs it (StepStream).
+  this->AddMethod(new grpc::internal::RpcServiceMethod(
+      "/conveyor.worker.v1.Worker/StepStream", grpc::internal::RpcMethod::BIDI_STREAMING,
+      new grpc::internal::BidiStreamingHandler<WorkerService, grpc::ByteBuffer,
+                                               v1::StepStreamResponse>(
+          [](WorkerService* service, grpc::ServerContext* context,
+             grpc::ServerReaderWriter<v1::StepStreamResponse, grpc::ByteBuffer>* stream) {
+            return service->StepStream(context, stream);
+          },
+          this)));
   AddRawMethod("/conveyor.worker.v1.Worker/Health", Callers::kAnyone, &WorkerService::Health);
   AddRawMethod("/conveyor.worker.v1.Worker/Shutdown", Callers::kBound, &WorkerService::Shutdown);
   AddRawMethod("/conveyor.worker.v1.Worker/CreateCollectiveId", Callers::kClaimants,
@@ -466,6 +478,50 @@ grpc::Status WorkerService::Step(grpc::ServerContext* context, const v1::StepReq
   return ToGrpcStatus(status);
 }
 
+grpc::Status WorkerService::StepStream(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::StepStreamResponse, grpc::ByteBuffer>* stream) {
+  // A caller that may not step is refused once, for the whole stream; the bound
+  // scheduler is checked again for every step (Step), as its binding may lapse.
+  if (absl::Status admitted = AdmitCaller(*context, Callers::kBoundOrNotInitialised);
+      !admitted.ok()) {
+    return ToGrpcStatus(admitted);
+  }
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    if (streams_closed_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down");
+    }
+    step_streams_.insert(context);
+  }
+  absl::Cleanup forget = [&] {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    step_streams_.erase(context);
+  };
+  grpc::ByteBuffer raw;
+  v1::StepRequest request;
+  v1::StepStreamResponse answer;
+  while (stream->Read(&raw)) {
+    request.Clear();
+    answer.Clear();
+    grpc::Status status;
+    if (absl::Status parsed = ParseRequest(raw, &request); !parsed.ok()) {
+      spdlog::warn("a step of the bound scheduler refused: {}", std::string(parsed.message()));
+      status = ToGrpcStatus(parsed);
+    } else {
+      status = Step(context, &request, answer.mutable_response());
+    }
+    answer.set_step_id(request.step_id());
+    answer.set_status_code(status.error_code());
+    if (!status.ok()) {
+      answer.set_status_message(status.error_message());
+      answer.clear_response();
+    }
+    if (!stream->Write(answer)) break;  // The scheduler went away, or gave up the stream.
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkerService::Health(grpc::ServerContext* context, const v1::HealthRequest*,
                                    v1::HealthResponse* response) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -511,6 +567,13 @@ grpc::Status WorkerService::CreateCollectiveId(grpc::ServerContext* context,
 }
 
 void WorkerService::RequestShutdown() {
+  {
+    // The open step streams end now (their handlers return once the step they run, if
+    // any, is done), so that the server's shutdown does not wait for the scheduler.
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    streams_closed_ = true;
+    for (grpc::ServerContext* context : step_streams_) context->TryCancel();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutdown_requested_ = true;

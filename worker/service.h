@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,7 @@
 #include "grpcpp/impl/service_type.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 
 #include "model/device.h"
 #include "model/rank.h"
@@ -54,7 +56,7 @@ class WorkerService final : public grpc::Service {
   };
 
   // Computes on `device` (model/cpu/cpu_device.h, model/cuda/cuda_device.h). Registers the
-  // five methods of proto/worker.proto with gRPC (ServerBuilder::RegisterService).
+  // six methods of proto/worker.proto with gRPC (ServerBuilder::RegisterService).
   WorkerService(std::unique_ptr<model::Device> device, const Options& options);
   ~WorkerService() override;
   WorkerService(const WorkerService&) = delete;
@@ -67,6 +69,11 @@ class WorkerService final : public grpc::Service {
                     v1::InitResponse* response);
   grpc::Status Step(grpc::ServerContext* context, const v1::StepRequest* request,
                     v1::StepResponse* response);
+  // Worker.StepStream: each StepRequest read runs as Step runs it and is answered in
+  // order; ends when the caller closes or cancels the stream.
+  grpc::Status StepStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::StepStreamResponse, grpc::ByteBuffer>* stream);
   grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest* request,
                       v1::HealthResponse* response);
   grpc::Status Shutdown(grpc::ServerContext* context, const v1::ShutdownRequest* request,
@@ -76,7 +83,8 @@ class WorkerService final : public grpc::Service {
                                   v1::CreateCollectiveIdResponse* response);
 
   // Makes WaitForShutdownRequest return (a signal; the Shutdown call does this for the
-  // bound scheduler).
+  // bound scheduler) and ends the open step streams: call it before the gRPC server's
+  // Shutdown, which waits for every call (a scheduler's stream) to end.
   void RequestShutdown();
   // Blocks until a Shutdown call (or RequestShutdown) arrived.
   void WaitForShutdownRequest();
@@ -104,7 +112,7 @@ class WorkerService final : public grpc::Service {
   // request arrives as bytes: HandleRaw admits `callers`, parses, runs `call`.
   template <class Request, class Response>
   void AddRawMethod(const char* path, Callers callers, TypedCall<Request, Response> call);
-  // The one adapter of the five methods: refuses (or answers) from the metadata alone,
+  // The one adapter of the five unary methods: refuses (or answers) from the metadata alone,
   // then parses `raw` (INVALID_ARGUMENT if it is no Request), runs `call` and serialises
   // its answer into `response`.
   template <class Request, class Response>
@@ -162,6 +170,11 @@ class WorkerService final : public grpc::Service {
   bool shutdown_requested_ = false;
   std::condition_variable shutdown_cv_;
   std::condition_variable step_done_;  // A step was handled (or the model unloaded).
+
+  // Taken alone: the open step streams, cancelled by RequestShutdown.
+  std::mutex streams_mu_;
+  std::set<grpc::ServerContext*> step_streams_;  // Guarded by streams_mu_.
+  bool streams_closed_ = false;                  // Guarded by streams_mu_.
 
   // Taken alone, or inside mu_ (never the other way round): a caller is checked before
   // its request is parsed without waiting for a step or an Init. Guards what follows.

@@ -213,6 +213,7 @@ TEST(DeviceFaultTest, FaultEndsTheStreamWithItsOperationAndTheWorkerRecovers) {
   EXPECT_EQ(device->backends_made(), 2);
   EXPECT_TRUE(engine.workers_ready());
   engine.Stop(absl::CancelledError("test over"));
+  service.RequestShutdown();  // Ends the group's step stream, as the worker's main does.
   server->Shutdown();
 }
 

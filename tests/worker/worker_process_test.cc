@@ -3,6 +3,8 @@
 // its metrics page.
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <optional>
 #include <string>
@@ -243,6 +245,112 @@ TEST_F(WorkerProcessTest, RunsEachStepAfterTheOneItWasBuiltOnWhicheverArrivesFir
   ASSERT_TRUE(status.ok()) << status.error_message();
   ASSERT_EQ(first.tokens_size(), 1);
   EXPECT_EQ(first.tokens(0).token_id(), ref.greedy.back()[0]);
+}
+
+// The scheduler's transport: steps as messages on one stream, answered in order, each
+// with its own status; a refused step is an answer, not the end of the stream. A caller
+// that may not step is refused for the whole stream, and a shutdown ends open streams.
+TEST_F(WorkerProcessTest, StepStreamAnswersEachStepInOrderAndSurvivesARefusal) {
+  v1::InitRequest init_request;
+  init_request.set_model_path(TestModelDir("llama3_gqa"));
+  init_request.set_block_size(16);
+  init_request.set_kv_cache_bytes(8 << 20);
+  v1::InitResponse init;
+  {
+    SchedulerContext context;
+    ASSERT_TRUE(stub_->Init(&context, init_request, &init).ok());
+  }
+  const Reference ref = LoadReference("llama3_gqa");
+  const std::vector<int32_t>& prompt = ref.prompts.back();
+  ASSERT_GE(ref.greedy.back().size(), 2u);
+
+  v1::StepRequest prefill;
+  prefill.set_step_id(1);
+  auto* seq = prefill.add_new_sequences();
+  seq->set_seq_id(7);
+  seq->mutable_token_ids()->Add(prompt.begin(), prompt.end());
+  seq->set_num_tokens(static_cast<int>(prompt.size()));
+  for (int b = 0; b * 16 < static_cast<int>(prompt.size()) + 2; ++b) seq->add_block_ids(b);
+  v1::StepRequest bad;  // A sequence the worker does not hold.
+  bad.set_step_id(2);
+  bad.add_running()->set_seq_id(12345);
+  bad.mutable_running(0)->set_num_tokens(1);
+  v1::StepRequest decode;
+  decode.set_step_id(3);
+  decode.add_running()->set_seq_id(7);
+  decode.mutable_running(0)->set_num_tokens(1);
+
+  SchedulerContext context;
+  auto stream = stub_->StepStream(&context);
+  // All three written before any answer is read: they wait in the stream.
+  ASSERT_TRUE(stream->Write(prefill));
+  ASSERT_TRUE(stream->Write(bad));
+  ASSERT_TRUE(stream->Write(decode));
+  ASSERT_TRUE(stream->WritesDone());
+  std::vector<v1::StepStreamResponse> answers(3);
+  for (v1::StepStreamResponse& answer : answers) ASSERT_TRUE(stream->Read(&answer));
+  v1::StepStreamResponse extra;
+  EXPECT_FALSE(stream->Read(&extra));
+  EXPECT_TRUE(stream->Finish().ok());
+
+  EXPECT_EQ(answers[0].step_id(), 1u);
+  EXPECT_EQ(answers[0].status_code(), grpc::StatusCode::OK);
+  ASSERT_EQ(answers[0].response().tokens_size(), 1);
+  EXPECT_EQ(answers[0].response().tokens(0).token_id(), ref.greedy.back()[0]);
+  EXPECT_EQ(answers[1].step_id(), 2u);
+  EXPECT_EQ(answers[1].status_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(answers[1].status_message().find("12345"), std::string::npos)
+      << answers[1].status_message();
+  EXPECT_FALSE(answers[1].has_response());
+  EXPECT_EQ(answers[2].step_id(), 3u);
+  EXPECT_EQ(answers[2].status_code(), grpc::StatusCode::OK);
+  ASSERT_EQ(answers[2].response().tokens_size(), 1);
+  EXPECT_EQ(answers[2].response().tokens(0).token_id(), ref.greedy.back()[1]);
+
+  {
+    SchedulerContext stranger("another-scheduler");
+    auto refused = stub_->StepStream(&stranger);
+    refused->Write(decode);  // May fail already: the stream is refused on arrival.
+    v1::StepStreamResponse answer;
+    EXPECT_FALSE(refused->Read(&answer));
+    EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+
+  SchedulerContext open_context;
+  auto open = stub_->StepStream(&open_context);
+  {
+    SchedulerContext shutdown_context;
+    v1::ShutdownResponse response;
+    ASSERT_TRUE(stub_->Shutdown(&shutdown_context, v1::ShutdownRequest(), &response).ok());
+  }
+  v1::StepStreamResponse answer;
+  EXPECT_FALSE(open->Read(&answer));  // Ended by the worker, not left open.
+  EXPECT_FALSE(open->Finish().ok());
+  EXPECT_EQ(process_->Wait(20s), 0);
+}
+
+// A worker on the scheduler's machine also serves on a Unix socket (--unix_socket), the
+// cheaper transport for its steps.
+TEST(WorkerUnixSocketTest, ServesOnTheSocketBesideItsPort) {
+  const std::string socket = ::testing::TempDir() + "/worker-" + std::to_string(getpid()) + ".sock";
+  auto process = Subprocess::Start(
+      {WorkerBinary(), "--port=0", "--metrics_port=0", "--threads=1", "--unix_socket=" + socket});
+  ASSERT_TRUE(process.has_value());
+  ASSERT_TRUE(process->WaitForLine("listening on", 30s).has_value());
+  process->DrainStdout();
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  v1::InitRequest request;
+  request.set_model_path(TestModelDir("llama3_gqa"));
+  request.set_kv_cache_bytes(8 << 20);
+  v1::InitResponse init;
+  SchedulerContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 30s);
+  const grpc::Status status = stub->Init(&context, request, &init);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(init.model().num_layers(), 2);
+  process->Signal(SIGTERM);
+  EXPECT_EQ(process->Wait(20s), 0);
 }
 
 TEST_F(WorkerProcessTest, InitErrorsNameTheProblem) {
