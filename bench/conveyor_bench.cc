@@ -73,6 +73,10 @@ ABSL_FLAG(std::string, workload, "exponential",
 ABSL_FLAG(int, num_requests, 100, "Requests in the run.");
 ABSL_FLAG(uint64_t, seed, 1, "Seeds the workload (lengths, prompt ids, arrivals, sampling).");
 ABSL_FLAG(int, input_len, 512, "fixed/exponential: prompt tokens.");
+ABSL_FLAG(std::string, prompts_file, "",
+          "Prompts to send instead of random ids: one per line, token ids separated by "
+          "spaces; request i sends line i mod lines (output lengths still from --workload). "
+          "bench/make_grounded_prompts.py writes such a file.");
 ABSL_FLAG(int, output_len, 128, "fixed: output tokens.");
 ABSL_FLAG(std::string, input_len_range, "128:1024", "uniform: prompt tokens MIN:MAX.");
 ABSL_FLAG(std::string, output_len_range, "16:256", "uniform: output tokens MIN:MAX.");
@@ -140,6 +144,33 @@ WorkloadOptions WorkloadFromFlags() {
   return o;
 }
 
+// --prompts_file: one prompt a line, token ids separated by spaces, each id below
+// `vocab_size`. False, with `*error` naming the line, for anything else.
+bool ReadPrompts(const std::string& path, int vocab_size,
+                 std::vector<std::vector<int32_t>>* prompts, std::string* error) {
+  std::ifstream in(path);
+  if (!in) {
+    *error = "cannot read the file";
+    return false;
+  }
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    std::vector<int32_t> ids;
+    for (absl::string_view word : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(word, &id) || id < 0 || id >= vocab_size) {
+        *error = "line " + std::to_string(number) + ": '" + std::string(word) +
+                 "' is not a token id below the vocabulary size " + std::to_string(vocab_size);
+        return false;
+      }
+      ids.push_back(id);
+    }
+    if (!ids.empty()) prompts->push_back(std::move(ids));
+  }
+  if (prompts->empty()) *error = "no prompt in the file";
+  return !prompts->empty();
+}
+
 // The load's options; false, with a line, for a bad --request_rate.
 bool LoadFromFlags(LoadOptions* o) {
   o->ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
@@ -191,8 +222,15 @@ int main(int argc, char** argv) {
   }
 
   std::string error;
+  WorkloadOptions workload = WorkloadFromFlags();
+  if (const std::string path = absl::GetFlag(FLAGS_prompts_file); !path.empty()) {
+    if (!ReadPrompts(path, info->vocab_size(), &workload.prompts, &error)) {
+      std::fprintf(stderr, "conveyor-bench: --prompts_file=%s: %s\n", path.c_str(), error.c_str());
+      return 2;
+    }
+  }
   const std::vector<RequestSpec> specs =
-      MakeWorkload(WorkloadFromFlags(), info->vocab_size(), info->max_context_tokens(), &error);
+      MakeWorkload(workload, info->vocab_size(), info->max_context_tokens(), &error);
   if (!error.empty()) {
     std::fprintf(stderr, "conveyor-bench: %s\n", error.c_str());
     return 2;

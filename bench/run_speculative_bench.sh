@@ -3,13 +3,13 @@
 # --speculative_method off, ngram and suffix in turn (interleaved, round by round), and
 # conveyor-bench runs a closed loop of greedy requests at each concurrency. Per run:
 # output tok/s, steps, and from the scheduler's metrics the drafts proposed and kept and
-# the mean accepted length. Random-id prompts (conveyor-bench's): free generation, where
-# few drafts match: the cost side of speculation. Input-grounded prompts need a model
-# that copies (docs/speculative-decoding.md).
+# the mean accepted length. By default random-id prompts (conveyor-bench's); with
+# --prompts-file, token-id prompts from bench/make_grounded_prompts.py: `grounded` (a
+# passage the answer copies) or `free` (text to continue, nothing to copy).
 #
 # Usage: bench/run_speculative_bench.sh [--build-dir DIR] [--model-dir DIR] [--threads N]
 #        [--concurrency "1 8 32"] [--methods "off ngram suffix"] [--rounds N]
-#        [--requests-per-client N] [--input-len N] [--output-len N]
+#        [--requests-per-client N] [--input-len N] [--output-len N] [--prompts-file F]
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +22,7 @@ rounds=2
 per_client=2
 input_len=128
 output_len=128
+prompts_file=""
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -33,7 +34,8 @@ while (($#)); do
     --requests-per-client) per_client="$2"; shift 2 ;;
     --input-len) input_len="$2"; shift 2 ;;
     --output-len) output_len="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --prompts-file) prompts_file="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,7 +44,7 @@ source "$repo/bench/small_model_server.sh"
 metric() { curl -s "127.0.0.1:$1/metrics" | awk -v n="$2" '$1 ~ "^"n"({|$)" {print $2; exit}'; }
 wait_metrics() { for _ in $(seq 100); do curl -s "127.0.0.1:$1/metrics" >/dev/null && return; sleep 0.1; done; }
 
-echo "model $model_dir, worker threads $threads, prompts $input_len, outputs $output_len (greedy)"
+echo "model $model_dir, worker threads $threads, prompts ${prompts_file:-random ids of $input_len}, outputs $output_len (greedy)"
 echo "| round | streams | method | output tok/s | steps | drafts | kept | kept per verification |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 for ((round = 1; round <= rounds; ++round)); do
@@ -60,7 +62,8 @@ for method in $methods; do
   out="$(mktemp)"
   "$build_dir/bench/conveyor-bench" --server="127.0.0.1:$sport" --workload=fixed \
     --input_len="$input_len" --output_len="$output_len" --concurrency="$c" \
-    --num_requests=$((c * per_client)) --quiet --out="$out" >/dev/null 2>&1
+    --num_requests=$((c * per_client)) ${prompts_file:+--prompts_file="$prompts_file"} \
+    --quiet --out="$out" >/dev/null 2>&1
   /usr/bin/python3 - "$round" "$c" "$method" "$out" \
     "$(metric "$smetrics" conveyor_step_duration_seconds_count)" \
     "$(metric "$smetrics" conveyor_spec_draft_tokens_total)" \

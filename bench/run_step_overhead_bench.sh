@@ -10,12 +10,15 @@
 # Usage: bench/run_step_overhead_bench.sh [--build-dir DIR] [--model-dir DIR]
 #        [--dtype bf16] [--threads N] [--steps-in-flight "1 2"] [--rounds N]
 #        [--requests N] [--streams 8] [--input-len 129] [--output-len 128]
-#        [--worker-flags "--backend=cuda ..."]
+#        [--worker-flags "--backend=cuda ..."] [--sockets "tcp unix"]
+#        [--schedulers "new=build/scheduler/conveyor-scheduler old=/tmp/old/conveyor-scheduler"]
 # One stream on the demo model (the fixed cost of a step, issue P):
 #   bench/run_step_overhead_bench.sh --model-dir demo/model --streams 1 --input-len 32 \
 #     --output-len 512 --requests 6
-# Each round runs every --steps-in-flight value in turn (the scheduler's
-# --max_steps_in_flight), so a machine whose speed drifts affects each alike.
+# Each round runs every --schedulers binary (label=path; default: this build's), every
+# --sockets transport between scheduler and worker (tcp: loopback; unix: the worker's
+# --unix_socket) and every --steps-in-flight value (the scheduler's --max_steps_in_flight)
+# in turn, so a machine whose speed drifts affects each alike.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,6 +33,8 @@ worker_flags=""
 streams=8
 input_len=129
 output_len=128
+sockets=tcp
+schedulers=""
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -43,11 +48,14 @@ while (($#)); do
     --streams) streams="$2"; shift 2 ;;
     --input-len) input_len="$2"; shift 2 ;;
     --output-len) output_len="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --sockets) sockets="$2"; shift 2 ;;
+    --schedulers) schedulers="$2"; shift 2 ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 model_dir="${model_dir:-$build_dir/bench_models/small}"
+schedulers="${schedulers:-this=$build_dir/scheduler/conveyor-scheduler}"
 # shellcheck source=bench/small_model_server.sh
 source "$repo/bench/small_model_server.sh"
 # User + system CPU seconds of a process so far.
@@ -57,15 +65,21 @@ metric() { curl -s "127.0.0.1:$1/metrics" | awk -v n="$2" '$1 ~ "^"n"({|$)" {pri
 wait_metrics() { for _ in $(seq 100); do curl -s "127.0.0.1:$1/metrics" >/dev/null && return; sleep 0.1; done; }
 
 echo "dtype $dtype, worker threads $threads, $requests requests, $streams streams, prompts $input_len, outputs $output_len"
-echo "| round | steps in flight | output tok/s | steps | step s | worker compute s | loop ms/step | CPU s worker / scheduler / client | CPU ms per output token |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| round | scheduler | socket | steps in flight | output tok/s | ms/token | steps | step s | worker compute s | loop ms/step | CPU s worker / scheduler / client | CPU ms per output token |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for ((round = 1; round <= rounds; ++round)); do
+for variant in $schedulers; do
+for socket in $sockets; do
 for k in $in_flight; do
+  label="${variant%%=*}"; scheduler_bin="${variant#*=}"
   wport="$(free_port)"; sport="$(free_port)"; wmetrics="$(free_port)"; smetrics="$(free_port)"
+  sock="$(mktemp -u /tmp/conveyor-bench-XXXXXX.sock)"
+  if [[ "$socket" == unix ]]; then target="unix:$sock"; else target="127.0.0.1:$wport"; fi
   "$build_dir/worker/conveyor-worker" --port="$wport" --metrics_port="$wmetrics" \
-    --threads="$threads" --cpu_weight_dtype="$dtype" $worker_flags 2>/dev/null >/dev/null &
+    --unix_socket="$sock" --threads="$threads" --cpu_weight_dtype="$dtype" $worker_flags \
+    2>/dev/null >/dev/null &
   worker=$!; pids+=("$worker")
-  "$build_dir/scheduler/conveyor-scheduler" --model="$model_dir" --workers="127.0.0.1:$wport" \
+  "$scheduler_bin" --model="$model_dir" --workers="$target" \
     --port="$sport" --metrics_port="$smetrics" --kv_cache_bytes=$((1 << 30)) \
     --max_steps_in_flight="$k" 2>/dev/null >/dev/null &
   scheduler=$!; pids+=("$scheduler")
@@ -77,22 +91,26 @@ for k in $in_flight; do
     --output_len="$output_len" --concurrency="$streams" --num_requests="$requests" --quiet \
     --out="$out" >/dev/null 2>&1
   w1="$(cpu_s "$worker")"; s1="$(cpu_s "$scheduler")"
-  /usr/bin/python3 - "$round" "$k" "$out" "$times" "$w0" "$w1" "$s0" "$s1" "$((requests * output_len))" \
+  /usr/bin/python3 - "$round $label $socket" "$k" "$out" "$times" "$w0" "$w1" "$s0" "$s1" "$((requests * output_len))" \
     "$(metric "$smetrics" conveyor_step_duration_seconds_count)" \
     "$(metric "$smetrics" conveyor_step_duration_seconds_sum)" \
-    "$(metric "$wmetrics" conveyor_worker_step_compute_seconds_sum)" <<'PY'
+    "$(metric "$wmetrics" conveyor_worker_step_compute_seconds_sum)" "$streams" <<'PY'
 import json, sys
-rnd, k, out, times, w0, w1, s0, s1, tokens, steps, step_s, compute_s = sys.argv[1:]
+rnd, k, out, times, w0, w1, s0, s1, tokens, steps, step_s, compute_s, streams = sys.argv[1:]
+streams = int(streams)  # ms/token: per stream.
+rnd = " | ".join(rnd.split(" "))
 tps = json.load(open(out))["summary"]["output_throughput"]
 client = sum(float(v) for v in open(times).read().split())
 steps, step_s, compute_s = int(float(steps)), float(step_s), float(compute_s)
 loop_ms = (step_s - compute_s) / steps * 1000
 cpu = [float(w1) - float(w0), float(s1) - float(s0), client]
 per_token = " / ".join(f"{1000 * c / int(tokens):.3f}" for c in cpu)
-print(f"| {rnd} | {k} | {tps:.1f} | {steps} | {step_s:.2f} | {compute_s:.2f} | {loop_ms:.2f} | "
+print(f"| {rnd} | {k} | {tps:.1f} | {1000 * streams / tps:.3f} | {steps} | {step_s:.2f} | {compute_s:.2f} | {loop_ms:.2f} | "
       f"{cpu[0]:.2f} / {cpu[1]:.2f} / {cpu[2]:.2f} | {per_token} |")
 PY
   rm -f "$out" "$times"
-  cleanup; pids=()
+  cleanup; pids=(); rm -f "$sock"
+done
+done
 done
 done

@@ -12,7 +12,8 @@ and safetensors (demo/README.md has the exact command):
      embeddings) written out here with the module and tensor names of HF's
      LlamaForCausalLM, trained with AdamW on random windows of the training stream;
   4. evaluation: held-out perplexity per token of the weights as saved (rounded to bf16),
-     next to a unigram model's on the same tokens;
+     next to a unigram model's on the same tokens, and on held-out passages given twice
+     (the second copy's perplexity says whether the model copies from its context);
   5. output: config.json, model.safetensors (bf16), tokenizer.json, tokenizer_config.json
      (with a chat template) and generation_config.json, as Conveyor loads them.
 """
@@ -21,18 +22,17 @@ import argparse
 import json
 import math
 import os
-import re
-import subprocess
 import time
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from torch import nn
 
+from kjv import read_chapters, split_held_out
+
 BOS, EOS = "<s>", "</s>"
-HELD_OUT_EVERY = 20  # Chapter k is held out when k % HELD_OUT_EVERY == HELD_OUT_EVERY // 2.
 
 # The model is not instruction-tuned: the template lays a conversation out as text the model
 # knows, one message per line (as verses are), and the reply continues it. Only the
@@ -66,31 +66,24 @@ def parse_args():
     p.add_argument("--steps", type=int, default=1800)
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
+    p.add_argument("--init-from", default=None,
+                   help="start from this model directory (its config, weights and tokenizer) "
+                        "instead of a new model: continued training")
+    p.add_argument("--tokenizer-from", default=None,
+                   help="use this model directory's tokenizer.json instead of training one "
+                        "(a draft model for another model needs its vocabulary)")
+    p.add_argument("--copy-batch", type=int, default=0,
+                   help="windows per step, besides --batch, that repeat a passage "
+                        "(copy_window): teach the model to continue a passage its context "
+                        "already holds")
+    p.add_argument("--copy-context", type=int, default=192, help="tokens of a copy window")
+    p.add_argument("--copy-warmup", type=int, default=150,
+                   help="first steps whose copy windows are random tokens repeated at once "
+                        "(the quickest way to copying; copy_window's layout after them)")
     return p.parse_args()
 
 
 # ---------------------------------------------------------------- text and tokenizer
-
-def read_chapters():
-    """The KJV as a list of chapters, each the chapter's verses joined by newlines.
-
-    `bible -f` prints one verse a line, prefixed by its reference ("Ge1:1 In the ...",
-    "1Sa3:4 That ..."); a new chapter starts where the book or chapter number changes."""
-    out = subprocess.run(["bible", "-f", "Gen1:1-Rev22:21"], stdin=subprocess.DEVNULL,
-                         capture_output=True, text=True, check=True).stdout
-    chapters, current, verses = [], None, []
-    for line in out.splitlines():
-        m = re.fullmatch(r"(\d?[A-Za-z]+)(\d+):\d+ (.+)", line)
-        if m is None:
-            raise ValueError(f"unexpected line from bible: {line!r}")
-        if (m[1], m[2]) != current and verses:
-            chapters.append("\n".join(verses))
-            verses = []
-        current = (m[1], m[2])
-        verses.append(m[3].strip())
-    chapters.append("\n".join(verses))
-    return chapters
-
 
 def train_tokenizer(texts, vocab_size):
     """Byte-level BPE (GPT-2 style: no normalizer, GPT-2 split regex, ByteLevel decoder),
@@ -106,6 +99,40 @@ def train_tokenizer(texts, vocab_size):
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))])
     return tok
+
+
+def copy_window(stream, length, vocab_size, gen):
+    """`length` + 1 tokens in which a passage of the training stream occurs twice, with
+    other text between and before: [text][passage][other text][passage][...]. The loss on
+    the second copy teaches the model to find what followed the same words earlier in its
+    context and continue it (what an induction head does), the skill that quoting,
+    editing and summarising prompts ask of it."""
+    def span(n):
+        o = int(torch.randint(0, len(stream) - n - 1, (1,), generator=gen))
+        return stream[o:o + n]
+    n = int(torch.randint(16, length // 3, (1,), generator=gen))
+    # Half the passages are random tokens: nothing but the earlier copy predicts them, so
+    # they teach copying itself; the others, text, teach where a passage ends.
+    passage = (span(n) if torch.rand(1, generator=gen) < 0.5
+               else torch.randint(2, vocab_size, (n,), generator=gen))
+    lead = span(int(torch.randint(0, length // 6, (1,), generator=gen)))
+    gap = span(int(torch.randint(1, length // 6, (1,), generator=gen)))
+    parts = [lead, passage, gap, passage]
+    used = sum(len(x) for x in parts)
+    parts.append(span(length + 1 - used))
+    return torch.cat(parts)
+
+
+def random_copy_window(length, vocab_size, gen):
+    """`length` + 1 random tokens in which a run of them recurs once, at a random distance:
+    only finding the earlier occurrence by content predicts the second (a fixed offset
+    does not: it would teach a head to look a set number of tokens back)."""
+    window = torch.randint(2, vocab_size, (length + 1,), generator=gen)
+    n = int(torch.randint(8, length // 3, (1,), generator=gen))
+    first = int(torch.randint(0, length // 3, (1,), generator=gen))
+    second = int(torch.randint(first + n, length + 1 - n, (1,), generator=gen))
+    window[second:second + n] = window[first:first + n]
+    return window
 
 
 def token_stream(tok, texts):
@@ -247,7 +274,8 @@ def make_config(args, tok):
 
 # ---------------------------------------------------------------- training and evaluation
 
-def train(model, stream, args, gen):
+def train(model, stream, args, gen, held_stream):
+    vocab_size = model.model.embed_tokens.weight.shape[0]
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -266,6 +294,17 @@ def train(model, stream, args, gen):
         window = torch.stack([stream[o:o + args.context + 1] for o in offsets])
         logits = model(window[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
+        if args.copy_batch > 0:
+            # Short windows, many of them: copying is learnt from the number of repeats
+            # seen (a few hundred steps of these), not from their length.
+            if step < args.copy_warmup:
+                copies = torch.stack([random_copy_window(args.copy_context, vocab_size, gen)
+                                      for _ in range(args.copy_batch)])
+            else:
+                copies = torch.stack([copy_window(stream, args.copy_context, vocab_size, gen)
+                                      for _ in range(args.copy_batch)])
+            logits = model(copies[:, :-1])
+            loss = loss + F.cross_entropy(logits.flatten(0, 1), copies[:, 1:].flatten())
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -274,8 +313,14 @@ def train(model, stream, args, gen):
         opt.step()
         smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
         if (step + 1) % 50 == 0 or step + 1 == args.steps:
+            copying = ""
+            if args.copy_batch > 0 and (step + 1) % 100 == 0:
+                model.eval()
+                copying = (f"  repeated passages "
+                           f"{math.exp(copy_nll(model, held_stream, args.context)):.2f}")
+                model.train()
             print(f"step {step + 1}/{args.steps}  loss {smoothed:.3f}  "
-                  f"lr {lr_at(step):.2e}  {time.time() - start:.0f} s", flush=True)
+                  f"lr {lr_at(step):.2e}  {time.time() - start:.0f} s{copying}", flush=True)
 
 
 @torch.no_grad()
@@ -289,6 +334,24 @@ def held_out_nll(model, stream, context):
         total += F.cross_entropy(logits[0], window[0, 1:], reduction="sum").item()
         count += window.shape[1] - 1
     return total / count
+
+
+@torch.no_grad()
+def copy_nll(model, stream, context, count=64):
+    """Mean NLL of the second copy of a held-out passage given twice (copy_window's
+    layout, a fixed seed): low when the model continues what its context already said."""
+    gen = torch.Generator().manual_seed(1234)
+    total, tokens = 0.0, 0
+    for _ in range(count):
+        n = int(torch.randint(24, context // 3, (1,), generator=gen))
+        o = int(torch.randint(0, len(stream) - n - 1, (1,), generator=gen))
+        g = int(torch.randint(0, len(stream) - 65, (1,), generator=gen))
+        passage, gap = stream[o:o + n], stream[g:g + 64]
+        window = torch.cat([passage, gap, passage]).unsqueeze(0)
+        logits = model(window[:, :-1])[0, -(n - 1):]
+        total += F.cross_entropy(logits, window[0, -(n - 1):], reduction="sum").item()
+        tokens += n - 1
+    return total / tokens
 
 
 def unigram_nll(train_stream, held_stream, vocab_size):
@@ -352,30 +415,47 @@ def main():
     began = time.time()
 
     chapters = read_chapters()
-    held = [c for k, c in enumerate(chapters) if k % HELD_OUT_EVERY == HELD_OUT_EVERY // 2]
-    kept = [c for k, c in enumerate(chapters) if k % HELD_OUT_EVERY != HELD_OUT_EVERY // 2]
-    tok = train_tokenizer(kept, args.vocab)
+    kept, held = split_held_out(chapters)
+    tok_dir = args.init_from or args.tokenizer_from
+    tok = (Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json")) if tok_dir
+           else train_tokenizer(kept, args.vocab))
     train_stream, held_stream = token_stream(tok, kept), token_stream(tok, held)
     print(f"{len(kept)} training chapters ({len(train_stream)} tokens), {len(held)} held out "
           f"({len(held_stream)} tokens); vocabulary {tok.get_vocab_size()}", flush=True)
 
-    cfg = make_config(args, tok)
-    model = Llama(cfg)
+    if args.init_from:
+        with open(os.path.join(args.init_from, "config.json")) as f:
+            cfg = json.load(f)
+        model = Llama(cfg)
+        weights = load_file(os.path.join(args.init_from, "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in weights.items()})
+        model.eval()
+        print(f"starting from {args.init_from}: held-out perplexity "
+              f"{math.exp(held_out_nll(model, held_stream, cfg['max_position_embeddings'])):.2f}"
+              f", repeated passages {math.exp(copy_nll(model, held_stream, cfg['max_position_embeddings'])):.2f}",
+              flush=True)
+        model.train()
+    else:
+        cfg = make_config(args, tok)
+        model = Llama(cfg)
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {params} parameters; {args.steps} steps of {args.batch} x {args.context} "
           f"tokens ({args.steps * args.batch * args.context / len(train_stream):.2f} epochs)",
           flush=True)
     gen = torch.Generator().manual_seed(args.seed)
-    train(model, train_stream, args, gen)
+    train(model, train_stream, args, gen, held_stream)
 
     # Evaluate the weights as they will be served: rounded to bf16, computed in fp32.
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).float())
     model.eval()
-    ppl = math.exp(held_out_nll(model, held_stream, args.context))
+    context = cfg["max_position_embeddings"]
+    ppl = math.exp(held_out_nll(model, held_stream, context))
     uni = math.exp(unigram_nll(train_stream, held_stream, cfg["vocab_size"]))
     print(f"held-out perplexity {ppl:.2f}; unigram baseline {uni:.2f} ({uni / ppl:.1f}x)")
+    print(f"held-out passages given twice: perplexity of the second copy "
+          f"{math.exp(copy_nll(model, held_stream, context)):.2f}")
     print("sample:", sample(model, tok, "And God said", 48, gen))
     write_model_dir(args.out, cfg, model, tok)
     print(f"wrote {args.out} in {time.time() - began:.0f} s with {args.threads} thread(s)")

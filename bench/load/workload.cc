@@ -59,6 +59,7 @@ std::vector<RequestSpec> MakeWorkload(const WorkloadOptions& o, int vocab_size, 
       in = std::clamp(static_cast<int>(std::lround(li)), 4, o.chat_max_input);
       out = std::clamp(static_cast<int>(std::lround(lo)), 1, o.chat_max_output);
     }
+    if (!o.prompts.empty()) in = static_cast<int>(o.prompts[i % o.prompts.size()].size());
     if (in < 1) in = 1;
     if (in + out > max_context) {
       ++clamped;
@@ -69,8 +70,13 @@ std::vector<RequestSpec> MakeWorkload(const WorkloadOptions& o, int vocab_size, 
     spec.index = i;
     spec.max_new_tokens = out;
     spec.seed = rng();
-    spec.prompt.resize(in);
-    for (int32_t& id : spec.prompt) id = token(rng);
+    if (!o.prompts.empty()) {
+      const std::vector<int32_t>& prompt = o.prompts[i % o.prompts.size()];
+      spec.prompt.assign(prompt.end() - in, prompt.end());  // Its end, if shortened.
+    } else {
+      spec.prompt.resize(in);
+      for (int32_t& id : spec.prompt) id = token(rng);
+    }
     specs.push_back(std::move(spec));
   }
   if (clamped > 0) {

@@ -34,9 +34,13 @@ struct WorkloadOptions {
   double chat_output_sigma = 0.8;
   int chat_max_input = 2048;
   int chat_max_output = 1024;
+  // Non-empty: the prompts (token ids), request i taking prompt i mod size, instead of
+  // random ids of the drawn length (conveyor-bench --prompts_file); output lengths are
+  // drawn as `kind` says.
+  std::vector<std::vector<int32_t>> prompts;
 };
 
-// Every request of the run: prompt ids in [3, vocab_size), prompt + output within
+// Every request of the run: prompt ids in [3, vocab_size) (or `prompts`), prompt + output within
 // `max_context` (longer draws are shortened, and a line says how many). On a bad option,
 // empty with `*error` saying which flag to fix.
 std::vector<RequestSpec> MakeWorkload(const WorkloadOptions& options, int vocab_size,
