@@ -25,22 +25,28 @@ WorkerStepStream::~WorkerStepStream() {
 void WorkerStepStream::Open() {
   auto context = std::make_unique<grpc::ClientContext>();
   context->AddMetadata(kSchedulerIdMetadataKey, scheduler_id_);
+  grpc::ClientContext* call_context = context.get();
+  {
+    // Visible to ExpireOverdue before the call starts: starting it waits for the
+    // connection (a worker host that does not answer), which the step timeout bounds.
+    std::lock_guard<std::mutex> lock(mu_);
+    context_ = std::move(context);
+    expired_ = false;
+  }
   // No wait_for_ready: a worker that is down fails the step at once, as a unary call
   // would, and the engine's recovery takes over.
-  stream_ = stub_->StepStream(context.get());
-  std::lock_guard<std::mutex> lock(mu_);
-  context_ = std::move(context);
-  expired_ = false;
+  stream_ = stub_->StepStream(call_context);
 }
 
 void WorkerStepStream::Send(const v1::StepRequest& request) {
-  if (stream_ == nullptr) Open();
   {
-    // Counted as sent before the write, which can block (flow control, a worker that
-    // stopped reading) until ExpireOverdue cancels it.
+    // Counted as sent before the stream opens and the write, which can block (a
+    // connection being made, flow control, a worker that stopped reading) until
+    // ExpireOverdue cancels them.
     std::lock_guard<std::mutex> lock(mu_);
     sent_.push_back({request.step_id(), std::chrono::steady_clock::now() + step_timeout_});
   }
+  if (stream_ == nullptr) Open();
   if (ended_.ok() && !stream_->Write(request)) End(/*cancel=*/true);
 }
 

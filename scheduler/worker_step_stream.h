@@ -51,7 +51,7 @@ class WorkerStepStream {
     std::chrono::steady_clock::time_point deadline;
   };
 
-  // Opens a stream (none is open, no step is outstanding).
+  // Opens a stream (none is open; the step being sent is the only one outstanding).
   void Open();
   // Records why the stream ended, after a Read or Write failed; `cancel` first cancels
   // the call (a failed Write, or an answer that does not fit).
