@@ -49,6 +49,18 @@ class WorkerProcessTest : public ::testing::Test {
     return stub_->Step(&context, request, response);
   }
 
+  // Initialises the worker with the llama3_gqa test model, 16-token blocks, 8 MiB of KV.
+  bool InitGqa(v1::InitResponse* init) {
+    v1::InitRequest request;
+    request.set_model_path(TestModelDir("llama3_gqa"));
+    request.set_block_size(16);
+    request.set_kv_cache_bytes(8 << 20);
+    SchedulerContext context;
+    const grpc::Status status = stub_->Init(&context, request, init);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return status.ok();
+  }
+
   std::optional<Subprocess> process_;
   std::unique_ptr<v1::Worker::Stub> stub_;
   int metrics_port_ = 0;
@@ -168,15 +180,8 @@ TEST_F(WorkerProcessTest, ServesInitStepHealthAndShutdown) {
 // flight may reach the worker in either order: each runs right after the step it was
 // built on (previous_step_id), and one built on a refused step is refused too.
 TEST_F(WorkerProcessTest, RunsEachStepAfterTheOneItWasBuiltOnWhicheverArrivesFirst) {
-  v1::InitRequest init_request;
-  init_request.set_model_path(TestModelDir("llama3_gqa"));
-  init_request.set_block_size(16);
-  init_request.set_kv_cache_bytes(8 << 20);
   v1::InitResponse init;
-  {
-    SchedulerContext context;
-    ASSERT_TRUE(stub_->Init(&context, init_request, &init).ok());
-  }
+  ASSERT_TRUE(InitGqa(&init));
   EXPECT_TRUE(init.orders_steps());
   const Reference ref = LoadReference("llama3_gqa");
   const std::vector<int32_t>& prompt = ref.prompts.back();
@@ -251,15 +256,8 @@ TEST_F(WorkerProcessTest, RunsEachStepAfterTheOneItWasBuiltOnWhicheverArrivesFir
 // with its own status; a refused step is an answer, not the end of the stream. A caller
 // that may not step is refused for the whole stream, and a shutdown ends open streams.
 TEST_F(WorkerProcessTest, StepStreamAnswersEachStepInOrderAndSurvivesARefusal) {
-  v1::InitRequest init_request;
-  init_request.set_model_path(TestModelDir("llama3_gqa"));
-  init_request.set_block_size(16);
-  init_request.set_kv_cache_bytes(8 << 20);
   v1::InitResponse init;
-  {
-    SchedulerContext context;
-    ASSERT_TRUE(stub_->Init(&context, init_request, &init).ok());
-  }
+  ASSERT_TRUE(InitGqa(&init));
   const Reference ref = LoadReference("llama3_gqa");
   const std::vector<int32_t>& prompt = ref.prompts.back();
   ASSERT_GE(ref.greedy.back().size(), 2u);
