@@ -78,8 +78,9 @@ def parse_args():
                         "already holds")
     p.add_argument("--copy-context", type=int, default=192, help="tokens of a copy window")
     p.add_argument("--copy-warmup", type=int, default=150,
-                   help="first steps whose copy windows are random tokens repeated at once "
-                        "(the quickest way to copying; copy_window's layout after them)")
+                   help="first steps whose copy windows are random tokens with a run of them "
+                        "repeated at a random distance (random_copy_window); copy_window's "
+                        "layout after them")
     return p.parse_args()
 
 
@@ -338,8 +339,9 @@ def held_out_nll(model, stream, context):
 
 @torch.no_grad()
 def copy_nll(model, stream, context, count=64):
-    """Mean NLL of the second copy of a held-out passage given twice (copy_window's
-    layout, a fixed seed): low when the model continues what its context already said."""
+    """Mean NLL of the second copy of a held-out passage laid out as [passage][64 tokens
+    of other text][passage] (a fixed seed): low when the model continues what its context
+    already said."""
     gen = torch.Generator().manual_seed(1234)
     total, tokens = 0.0, 0
     for _ in range(count):

@@ -29,7 +29,8 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all
 ABSL_FLAG(int, port, 50061, "Port to listen on; 0 picks a free one (printed on stdout).");
 ABSL_FLAG(std::string, unix_socket, "",
           "Also serve on this Unix socket path (a scheduler on the same machine then uses "
-          "--workers=unix:PATH): a step's round trip costs about half of loopback TCP's.");
+          "--workers=unix:PATH). A bare round trip costs about half of loopback TCP's; end "
+          "to end no consistent gain was measured (docs/step-protocol.md).");
 ABSL_FLAG(int, metrics_port, 9401, "Port for Prometheus metrics (/metrics); 0 disables.");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu, or cuda (needs a CUDA build).");
 ABSL_FLAG(int, device, 0, "CUDA device for --backend=cuda.");

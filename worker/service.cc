@@ -504,13 +504,14 @@ grpc::Status WorkerService::StepStream(
   while (stream->Read(&raw)) {
     request.Clear();
     answer.Clear();
-    grpc::Status status;
     if (absl::Status parsed = ParseRequest(raw, &request); !parsed.ok()) {
-      spdlog::warn("a step of the bound scheduler refused: {}", std::string(parsed.message()));
-      status = ToGrpcStatus(parsed);
-    } else {
-      status = Step(context, &request, answer.mutable_response());
+      // Not a step: no id to answer it under, and whatever sent it is broken. The stream
+      // ends with why, which fails the steps the scheduler sent on it.
+      spdlog::warn("a step stream of the bound scheduler refused: {}",
+                   std::string(parsed.message()));
+      return ToGrpcStatus(parsed);
     }
+    const grpc::Status status = Step(context, &request, answer.mutable_response());
     answer.set_step_id(request.step_id());
     answer.set_status_code(status.error_code());
     if (!status.ok()) {

@@ -6,6 +6,7 @@
 // and a worker without mTLS warns once at start that the first caller can bind it.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include <csignal>
 #include <cstdio>
@@ -252,6 +253,34 @@ TEST(WorkerBindingTest, MalformedBytesFromTheBoundSchedulerAreInvalidArgument) {
   SchedulerContext context;
   v1::HealthResponse health;
   ASSERT_TRUE(w.stub->Health(&context, v1::HealthRequest(), &health).ok());
+  EXPECT_TRUE(health.initialized());
+}
+
+// On the step stream, bytes that are no StepRequest have no step id to be answered under:
+// the stream ends with INVALID_ARGUMENT saying why, and the worker goes on serving.
+TEST(WorkerBindingTest, MalformedBytesOnTheStepStreamEndItWithInvalidArgument) {
+  Worker w = StartWorker({});
+  ASSERT_TRUE(Init(w, kTestSchedulerId, TestInit()).ok());
+  SchedulerContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 60s);
+  // What a generated stub does, with bytes for messages.
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          w.channel.get(),
+          grpc::internal::RpcMethod("/conveyor.worker.v1.Worker/StepStream",
+                                    grpc::internal::RpcMethod::BIDI_STREAMING),
+          &context));
+  grpc::Slice slice(kGarbage);
+  stream->Write(grpc::ByteBuffer(&slice, 1));
+  grpc::ByteBuffer answer;
+  EXPECT_FALSE(stream->Read(&answer));
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("not a valid conveyor.worker.v1.StepRequest message"));
+  SchedulerContext health_context;
+  v1::HealthResponse health;
+  ASSERT_TRUE(w.stub->Health(&health_context, v1::HealthRequest(), &health).ok());
   EXPECT_TRUE(health.initialized());
 }
 
