@@ -176,11 +176,13 @@ class CpuBackend final : public Backend {
     return p;
   }
   void Free(void* ptr) override { std::free(ptr); }
+  // An empty copy may come with null pointers (an empty vector's data()), which memcpy
+  // must not be given even for 0 bytes.
   void CopyToBackend(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
+    if (bytes != 0) std::memcpy(dst, src, bytes);
   }
   void CopyActivationsToHost(float* dst, const void* src, size_t count) override {
-    std::memcpy(dst, src, count * sizeof(float));
+    if (count != 0) std::memcpy(dst, src, count * sizeof(float));
   }
   // Every operation completes before it returns, and none can fail once its buffers
   // exist: there is nothing to wait for and no error to record.
