@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Speculative decoding end to end: a worker and a scheduler serve a model with
-# --speculative_method off, ngram and suffix in turn (interleaved, round by round), and
+# --speculative_method off, ngram, suffix and draft (with --draft-model) in turn
+# (interleaved, round by round), and
 # conveyor-bench runs a closed loop of greedy requests at each concurrency. Per run:
 # output tok/s, steps, and from the scheduler's metrics the drafts proposed and kept and
 # the mean accepted length. By default random-id prompts (conveyor-bench's); with
@@ -10,6 +11,7 @@
 # Usage: bench/run_speculative_bench.sh [--build-dir DIR] [--model-dir DIR] [--threads N]
 #        [--concurrency "1 8 32"] [--methods "off ngram suffix"] [--rounds N]
 #        [--requests-per-client N] [--input-len N] [--output-len N] [--prompts-file F]
+#        [--draft-model DIR] [--num-speculative-tokens K]
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +25,8 @@ per_client=2
 input_len=128
 output_len=128
 prompts_file=""
+draft_model=""
+num_spec=4
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
@@ -35,7 +39,9 @@ while (($#)); do
     --input-len) input_len="$2"; shift 2 ;;
     --output-len) output_len="$2"; shift 2 ;;
     --prompts-file) prompts_file="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --draft-model) draft_model="$2"; shift 2 ;;
+    --num-speculative-tokens) num_spec="$2"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +62,9 @@ for method in $methods; do
   pids+=("$!")
   "$build_dir/scheduler/conveyor-scheduler" --model="$model_dir" --workers="127.0.0.1:$wport" \
     --port="$sport" --metrics_port="$smetrics" --kv_cache_bytes=$((1 << 30)) \
-    --max_num_seqs=64 --speculative_method="$method" 2>/dev/null >/dev/null &
+    --max_num_seqs=64 --speculative_method="$method" --num_speculative_tokens="$num_spec" \
+    ${draft_model:+$([[ $method == draft ]] && echo "--speculative_model=$draft_model")} \
+    2>/dev/null >/dev/null &
   pids+=("$!")
   wait_metrics "$smetrics"
   out="$(mktemp)"

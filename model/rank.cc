@@ -11,6 +11,30 @@ namespace conveyor::model {
 
 Rank::~Rank() = default;
 
+absl::Status Rank::LoadDraft(Rank& rank, const RankOptions& options) {
+  const ModelConfig& c = rank.model_->config();
+  absl::StatusOr<std::unique_ptr<LlamaModel>> draft =
+      LlamaModel::Load(options.draft_model_path, rank.backend_.get(), rank.comm_.get());
+  if (!draft.ok()) {
+    return absl::Status(
+        draft.status().code(),
+        absl::StrCat("draft model ", options.draft_model_path, ": ", draft.status().message()));
+  }
+  const ModelConfig& d = (*draft)->config();
+  // Its proposals are the model's token ids: the vocabularies must be one (a larger
+  // padded embedding, as some checkpoints have, would propose ids the model lacks).
+  if (d.vocab_size != c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model ", options.draft_model_path, " has a vocabulary of ", d.vocab_size,
+        " tokens, the model ", c.vocab_size, ": a draft must share the model's tokenizer"));
+  }
+  // Its steps are at most the model's (a catch-up is cut to fit), with one logit row per
+  // sequence.
+  RETURN_IF_ERROR((*draft)->ReserveActivations(options.max_step_tokens, options.max_num_seqs));
+  rank.draft_model_ = *std::move(draft);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(Device& device, const RankOptions& options,
                                                    std::chrono::system_clock::time_point deadline) {
   const auto start = std::chrono::steady_clock::now();
@@ -34,15 +58,26 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(Device& device, const RankOpt
                    LlamaModel::Load(options.model_path, rank->backend_.get(), rank->comm_.get()));
   LlamaModel& model = *rank->model_;
   const ModelConfig& c = model.config();
+  if (!options.draft_model_path.empty()) {
+    RETURN_IF_ERROR(LoadDraft(*rank, options));
+  }
   // Before the KV cache is sized, whatever else a step needs: the largest step's
   // activations and the sampler's scratch come out of the same memory.
   RETURN_IF_ERROR(model.ReserveActivations(options.max_step_tokens, options.max_num_seqs));
   if (device.decode_graphs()) RETURN_IF_ERROR(model.EnableDecodeGraphs(options.max_num_seqs));
   ASSIGN_OR_RETURN(rank->device_sampler_,
                    device.MakeSampler(rank->backend_.get(), c.vocab_size, options.max_num_seqs));
-  const size_t block_bytes =
+  const size_t target_block_bytes =
       KvCache::BytesPerBlock(c.num_layers, model.local_num_kv_heads(), c.head_dim,
                              options.block_size, rank->backend_->kv_element_bytes());
+  size_t draft_block_bytes = 0;
+  if (rank->draft_model_ != nullptr) {
+    const ModelConfig& d = rank->draft_model_->config();
+    draft_block_bytes =
+        KvCache::BytesPerBlock(d.num_layers, rank->draft_model_->local_num_kv_heads(), d.head_dim,
+                               options.block_size, rank->backend_->kv_element_bytes());
+  }
+  const size_t block_bytes = target_block_bytes + draft_block_bytes;
   uint64_t budget = options.kv_cache_bytes;
   if (budget == 0) {
     ASSIGN_OR_RETURN(budget, device.DefaultKvBudgetBytes(rank->backend_.get()));
@@ -54,6 +89,13 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(Device& device, const RankOpt
   ASSIGN_OR_RETURN(rank->cache_,
                    KvCache::Create(rank->backend_.get(), c.num_layers, model.local_num_kv_heads(),
                                    c.head_dim, options.block_size, static_cast<int>(num_blocks)));
+  if (rank->draft_model_ != nullptr) {
+    const ModelConfig& d = rank->draft_model_->config();
+    ASSIGN_OR_RETURN(rank->draft_cache_,
+                     KvCache::Create(rank->backend_.get(), d.num_layers,
+                                     rank->draft_model_->local_num_kv_heads(), d.head_dim,
+                                     options.block_size, static_cast<int>(num_blocks)));
+  }
   rank->load_ms_ =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return rank;

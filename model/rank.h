@@ -29,8 +29,12 @@ struct RankOptions {
   // The largest step (tokens, sequences) the activations and the sampler are sized for.
   int max_step_tokens = 8192;
   int max_num_seqs = 256;
-  // KV-cache bytes; 0 takes the device's default budget.
+  // KV-cache bytes; 0 takes the device's default budget. With a draft model, its cache
+  // comes out of the same bytes: both hold the same number of blocks.
   uint64_t kv_cache_bytes = 0;
+  // Speculative decoding: a small model of the same vocabulary, loaded beside the model
+  // on the same backend and communicator (sharded alike). Empty: none.
+  std::string draft_model_path;
 };
 
 class Rank {
@@ -47,6 +51,9 @@ class Rank {
 
   LlamaModel& model() { return *model_; }
   KvCache& cache() { return *cache_; }
+  // The draft model and its KV cache (as many blocks as cache()'s); null without one.
+  LlamaModel* draft_model() { return draft_model_.get(); }
+  KvCache* draft_cache() { return draft_cache_.get(); }
   const ModelConfig& config() const { return model_->config(); }
   // The device sampler (null where logits are host memory already); the caller takes it.
   std::unique_ptr<DeviceSampler> TakeDeviceSampler() { return std::move(device_sampler_); }
@@ -54,18 +61,25 @@ class Rank {
   std::string backend_name() const { return backend_->name(); }
   // "float32" or "bfloat16": what the activations are computed in.
   std::string_view compute_dtype() const;
-  uint64_t weight_bytes() const { return model_->weight_bytes(); }
+  // The model's and the draft model's.
+  uint64_t weight_bytes() const {
+    return model_->weight_bytes() + (draft_model_ ? draft_model_->weight_bytes() : 0);
+  }
   double load_ms() const { return load_ms_; }
 
  private:
   Rank() = default;
+  // Loads options.draft_model_path beside the model, after it.
+  static absl::Status LoadDraft(Rank& rank, const RankOptions& options);
 
   // In construction order; destroyed in reverse (the cache and model before the backend).
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<LlamaModel> draft_model_;
   std::unique_ptr<DeviceSampler> device_sampler_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<KvCache> draft_cache_;
   double load_ms_ = 0;
 };
 

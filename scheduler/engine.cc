@@ -268,19 +268,34 @@ void Engine::AttachDrafts(StepPlan& plan) {
                             options_.max_context_tokens - r->num_tokens() - 1});
     if (k <= 0) continue;
     std::vector<int32_t> draft;
-    if (spec.method == "suffix") {
+    if (spec.method == "draft") {
+      // What the draft model proposed after the last step, while it still follows the
+      // request's tokens; and proposals for the step after this one.
+      if (r->proposal_at == r->num_tokens()) {
+        draft.assign(r->proposal.begin(),
+                     r->proposal.begin() + std::min<size_t>(k, r->proposal.size()));
+      }
+      r->proposal.clear();
+      r->proposal_at = -1;
+      s.num_tokens_to_propose = std::min(r->draft_length + 1, spec.num_tokens);
+    } else if (spec.method == "suffix") {
       if (r->suffix_index == nullptr) r->suffix_index = std::make_unique<SuffixIndex>();
       r->suffix_index->Extend(r->tokens);  // Every token is known: none is pending.
       draft = r->suffix_index->Propose(r->tokens, spec.ngram.min_n, k);
     } else {
       draft = ProposeNgram(r->tokens, spec.ngram, k);
     }
-    if (draft.empty()) continue;
+    if (draft.empty() && s.num_tokens_to_propose == 0) continue;
     // Their KV slots, from free blocks only (a draft never preempts anyone).
     const int need = r->num_computed + 1 + static_cast<int>(draft.size());
     if (!blocks_.EnsureCapacity(r->blocks, need)) {
       const int room = r->blocks.num_blocks() * options_.block_size - r->num_computed - 1;
       draft.resize(std::max(0, std::min(room, static_cast<int>(draft.size()))));
+    }
+    // The draft model's K/V for its proposals, written after this step's tokens (however
+    // many are kept): where there are no free blocks for it, it proposes fewer.
+    if (s.num_tokens_to_propose > 0) {
+      blocks_.EnsureCapacity(r->blocks, need + s.num_tokens_to_propose);
     }
     budget -= static_cast<int>(draft.size());
     s.draft = std::move(draft);
@@ -381,6 +396,13 @@ void Engine::ApplyStep(const StepPipeline::Step& step, const worker::v1::StepRes
     if (!r->done) OnToken(r, token, now);
   }
   if (step.num_drafts > 0) AccountDrafts(step, answered);
+  for (const worker::v1::DraftProposal& proposal : response.proposals()) {
+    auto it = requests_.find(proposal.seq_id());
+    if (it == requests_.end() || it->second->done) continue;
+    Request* r = it->second.get();
+    r->proposal.assign(proposal.token_ids().begin(), proposal.token_ids().end());
+    r->proposal_at = r->num_tokens();
+  }
   counters_.discarded_tokens += discarded;
   if (metrics_ != nullptr && discarded > 0) metrics_->AddDiscardedTokens(discarded);
 }

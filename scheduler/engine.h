@@ -81,8 +81,11 @@ class Engine {
     // many tokens a step keeps is known only then.
     struct Speculative {
       // off; ngram (prompt lookup, ngram_proposer.h); suffix (the longest repeat,
-      // suffix_proposer.h; prompt_lookup_min is its shortest match).
+      // suffix_proposer.h; prompt_lookup_min is its shortest match); draft (a draft model
+      // on the workers proposes, at the end of each step, the next step's drafts).
       std::string method = "off";
+      // draft: the draft model's path as the workers see it (InitRequest.draft_model_path).
+      std::string model;
       int num_tokens = 4;  // Most draft tokens per sequence and step.
       NgramOptions ngram;
       // Decodes in a step above which no draft is proposed: with many sequences a step

@@ -23,6 +23,9 @@ struct ScheduledSequence {
   // Speculative decoding (a decode only): tokens proposed to follow the last one, which
   // the workers compute in the same pass and keep where they match what is sampled.
   std::vector<int32_t> draft;
+  // --speculative_method=draft: proposals the workers' draft model makes for the next
+  // step once this one has sampled (RunningSequence.num_tokens_to_propose).
+  int num_tokens_to_propose = 0;
 };
 
 struct StepPlan {

@@ -77,6 +77,10 @@ struct Request {
   // (it follows the acceptance: up after a draft was kept whole, down after a miss).
   int num_drafts_in_flight = 0;
   int draft_length = 0;
+  // --speculative_method=draft: the draft model's last proposal, made when the request
+  // held proposal_at tokens (a drafts for its next step only while it still does).
+  std::vector<int32_t> proposal;
+  int proposal_at = -1;
   // --speculative_method=suffix: the index of its tokens, made at its first proposal.
   std::unique_ptr<SuffixIndex> suffix_index;
   // Counts the times the request lost its blocks (preempted, or kept through a worker

@@ -17,9 +17,17 @@ absl::Status ValidateServerConfig(const ServerConfig& config) {
         "--max_steps_in_flight must be 0 (choose), 1 or 2, got ", config.max_steps_in_flight));
   }
   const Engine::Options::Speculative& spec = config.speculative;
-  if (spec.method != "off" && spec.method != "ngram" && spec.method != "suffix") {
+  if (spec.method != "off" && spec.method != "ngram" && spec.method != "suffix" &&
+      spec.method != "draft") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--speculative_method must be off, ngram or suffix, got \"", spec.method, "\""));
+        "--speculative_method must be off, ngram, suffix or draft, got \"", spec.method, "\""));
+  }
+  if ((spec.method == "draft") != !spec.model.empty()) {
+    return absl::InvalidArgumentError(
+        spec.method == "draft"
+            ? "--speculative_method=draft needs --speculative_model (the draft model's path "
+              "as the workers see it)"
+            : "--speculative_model is for --speculative_method=draft only");
   }
   if (spec.num_tokens < 1 || spec.num_tokens > 32) {
     return absl::InvalidArgumentError(
@@ -62,6 +70,7 @@ WorkerGroup::Options MakeWorkerGroupOptions(const ServerConfig& config,
   options.addresses = config.worker_addresses;
   options.scheduler_id = config.scheduler_id;
   options.model_path = config.model_dir;
+  if (config.speculative.method == "draft") options.draft_model_path = config.speculative.model;
   options.block_size = config.block_size;
   options.kv_cache_bytes = config.kv_cache_bytes;
   options.max_step_tokens = config.policy.limits.max_step_tokens;

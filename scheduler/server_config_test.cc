@@ -49,6 +49,14 @@ TEST(ServerConfigTest, RefusalsNameTheFlagToFix) {
        "--prompt_lookup_max"},
       {"no batch for drafts", [](ServerConfig& c) { c.speculative.max_batch = 0; },
        "--speculative_max_batch"},
+      {"a draft method without a draft model",
+       [](ServerConfig& c) { c.speculative.method = "draft"; }, "needs --speculative_model"},
+      {"a draft model for another method",
+       [](ServerConfig& c) {
+         c.speculative.method = "ngram";
+         c.speculative.model = "/models/draft";
+       },
+       "--speculative_model is for --speculative_method=draft only"},
       {"HTTP without I/O threads",
        [](ServerConfig& c) {
          c.http.port = 8000;
@@ -94,6 +102,10 @@ TEST(ServerConfigTest, WorkerGroupOptionsCarryTheStepLimits) {
   EXPECT_EQ(options.kv_cache_bytes, 1u << 20);
   EXPECT_EQ(options.scheduler_id, "s1");
   EXPECT_EQ(options.credentials, nullptr);
+  EXPECT_EQ(options.draft_model_path, "");
+  config.speculative.method = "draft";
+  config.speculative.model = "/models/draft";
+  EXPECT_EQ(MakeWorkerGroupOptions(config, nullptr).draft_model_path, "/models/draft");
 }
 
 WorkerGroup::Info Workers(bool on_host_cores, bool orders_steps) {

@@ -45,8 +45,12 @@ ABSL_FLAG(int, max_steps_in_flight, 0,
 ABSL_FLAG(std::string, speculative_method, "off",
           "Speculative decoding: off; ngram (prompt lookup: tokens that followed the last n "
           "tokens where they occurred before in the prompt or output); suffix (what followed "
-          "the longest suffix that occurred before, any length). Outputs are the same as "
+          "the longest suffix that occurred before, any length); draft (a small model of the "
+          "same tokenizer, --speculative_model, run by the workers). Outputs are the same as "
           "without it; see docs/speculative-decoding.md.");
+ABSL_FLAG(std::string, speculative_model, "",
+          "--speculative_method=draft: the draft model's directory (or .gguf file) as the "
+          "workers see it; its vocabulary must be the model's.");
 ABSL_FLAG(int, num_speculative_tokens, 4, "Speculative decoding: most draft tokens per step.");
 ABSL_FLAG(int, prompt_lookup_min, 2, "ngram and suffix: shortest suffix matched.");
 ABSL_FLAG(int, prompt_lookup_max, 4, "ngram: longest suffix matched (tried first).");
@@ -197,6 +201,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   c.max_steps_in_flight = absl::GetFlag(FLAGS_max_steps_in_flight);
   c.speculative.method = absl::GetFlag(FLAGS_speculative_method);
   c.speculative.num_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
+  c.speculative.model = absl::GetFlag(FLAGS_speculative_model);
   c.speculative.ngram.min_n = absl::GetFlag(FLAGS_prompt_lookup_min);
   c.speculative.ngram.max_n = absl::GetFlag(FLAGS_prompt_lookup_max);
   c.speculative.max_batch = absl::GetFlag(FLAGS_speculative_max_batch);

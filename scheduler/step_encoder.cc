@@ -38,6 +38,7 @@ worker::v1::StepRequest StepEncoder::Encode(const StepPlan& plan) {
       seq->set_num_tokens(s.num_tokens);
       seq->mutable_new_block_ids()->Add(blocks.begin() + held->second, blocks.end());
       seq->mutable_draft_token_ids()->Add(s.draft.begin(), s.draft.end());
+      seq->set_num_tokens_to_propose(s.num_tokens_to_propose);
     }
   }
   return step;

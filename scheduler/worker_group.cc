@@ -134,6 +134,7 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
     threads.emplace_back([&, rank] {
       v1::InitRequest request;
       request.set_model_path(options_.model_path);
+      request.set_draft_model_path(options_.draft_model_path);
       request.set_tp_rank(rank);
       request.set_tp_world_size(world);
       request.set_collective_id(collective.collective_id());
@@ -165,6 +166,11 @@ absl::StatusOr<WorkerGroup::Info> WorkerGroup::Initialize(
                                        "): Init failed: ", statuses[rank].error_message()));
     }
     const v1::InitResponse& r = responses[rank];
+    if (!options_.draft_model_path.empty() && !r.has_draft_model()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker rank ", rank, " (", options_.addresses[rank],
+                       ") did not load the draft model: it predates draft models"));
+    }
     info.orders_steps = info.orders_steps && r.orders_steps();
     info.computes_on_host_cores = info.computes_on_host_cores || r.computes_on_host_cores();
     info.num_kv_blocks =

@@ -32,6 +32,7 @@ class WorkerGroup final : public StepExecutor {
     // id takes its workers back at once; with another, once their binding lease lapses.
     std::string scheduler_id;
     std::string model_path;
+    std::string draft_model_path;  // Speculative decoding's draft model; empty: none.
     int block_size = 16;
     uint64_t kv_cache_bytes = 0;  // Per rank; 0 lets each worker choose.
     int max_step_tokens = 0;

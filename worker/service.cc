@@ -223,6 +223,7 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   rank_options.max_num_seqs =
       request.max_num_seqs() == 0 ? kDefaultMaxStepSequences : request.max_num_seqs();
   rank_options.kv_cache_bytes = request.kv_cache_bytes();
+  rank_options.draft_model_path = request.draft_model_path();
   absl::StatusOr<std::unique_ptr<model::Rank>> rank =
       model::Rank::Create(*device_, rank_options, deadline);
   // Rank 0's collective id served its one rendezvous, connected or not.
@@ -244,6 +245,12 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   response->set_backend(std::string((*rank)->backend_name()));
   response->set_orders_steps(true);
   response->set_computes_on_host_cores(device_->computes_on_host_cores());
+  if (const model::LlamaModel* draft = (*rank)->draft_model(); draft != nullptr) {
+    FillModelInfo(draft->config(), response->mutable_draft_model());
+    response->mutable_draft_model()->set_compute_dtype(std::string((*rank)->compute_dtype()));
+    spdlog::info("loaded the draft model {} ({} layers, {} parameters)", request.draft_model_path(),
+                 draft->config().num_layers, draft->config().NumParameters());
+  }
   spdlog::info(
       "loaded {} ({} layers, {} parameters; rank {} of {}) on {} in {:.0f} ms; KV "
       "cache: {} blocks of {} tokens ({} MiB)",
@@ -262,6 +269,9 @@ absl::Status WorkerService::InitLocked(const v1::InitRequest& request,
   runner_options.max_num_seqs = rank_options.max_num_seqs;
   runner_options.tp_rank = request.tp_rank();
   runner_ = std::make_unique<StepRunner>(&(*rank)->model(), &cache, runner_options);
+  if ((*rank)->draft_model() != nullptr) {
+    runner_->set_draft((*rank)->draft_model(), (*rank)->draft_cache());
+  }
   if (request.token_bytes_size() > 0) {
     // The model's vocabulary may be larger than the tokenizer's: ids beyond add nothing.
     std::vector<std::string> token_bytes(c.vocab_size);

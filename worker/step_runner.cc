@@ -182,6 +182,21 @@ void StepRunner::ComputeMask(Sequence& seq) {
   }
 }
 
+absl::Status StepRunner::CheckProposals(uint64_t seq_id, int32_t num_tokens_to_propose) const {
+  if (num_tokens_to_propose == 0) return absl::OkStatus();
+  if (num_tokens_to_propose < 0 || num_tokens_to_propose > kMaxDraftTokens) {
+    return Invalid(seq_id, absl::StrCat("num_tokens_to_propose must be in [0, ", kMaxDraftTokens,
+                                        "], got ", num_tokens_to_propose));
+  }
+  if (draft_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", seq_id,
+                     ": asks for proposals, but the worker was initialised without "
+                     "draft_model_path"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepRunner::Validate(const v1::StepRequest& request,
                                   std::vector<Scheduled>* scheduled) {
   const ModelConfig& config = model_->config();
@@ -246,6 +261,7 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
         }
       }
     }
+    RETURN_IF_ERROR(CheckProposals(id, r.num_tokens_to_propose()));
     // The drafts count as tokens the sequence knows and computes this step.
     RETURN_IF_ERROR(check_capacity(
         id, s.num_computed, r.num_tokens() + drafts, static_cast<int64_t>(s.tokens.size()) + drafts,
@@ -282,6 +298,7 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
       return Invalid(id, absl::StrCat("sampling.", sampling.message()));
     }
     RETURN_IF_ERROR(ValidateBlocks(n.block_ids(), "block_ids", id));
+    RETURN_IF_ERROR(CheckProposals(id, n.num_tokens_to_propose()));
     RETURN_IF_ERROR(check_capacity(id, n.num_cached_tokens(), n.num_tokens(), n.token_ids_size(),
                                    n.block_ids_size()));
     Scheduled s{id, &n, nullptr, n.num_tokens(), nullptr, nullptr};
@@ -390,6 +407,156 @@ int32_t StepRunner::SampleInto(uint64_t step_id, uint64_t seq_id, Sequence& seq,
   return result.token_id;
 }
 
+absl::Status StepRunner::FailStep(uint64_t step_id, const std::vector<Scheduled>& scheduled,
+                                  const absl::Status& failure) {
+  // The KV cache of the scheduled sequences is now unreliable: forget them so the
+  // scheduler must re-add (recompute) them (drafts and all).
+  for (const Scheduled& s : scheduled) EraseSequence(s.seq_id);
+  device_failed_ = true;
+  // UNAVAILABLE from a collective: a peer rank went away (the group must be rebuilt,
+  // nothing was wrong with the step). Anything else is the device's own error.
+  if (failure.code() == absl::StatusCode::kUnavailable) {
+    return absl::UnavailableError(
+        absl::StrCat("step ", step_id, " lost a tensor-parallel peer: ", failure.message()));
+  }
+  return absl::InternalError(
+      absl::StrCat("step ", step_id, " failed on the device: ", failure.message()));
+}
+
+absl::Status StepRunner::DraftForward() {
+  draft_logits_.resize(draft_batch_.logit_rows.size() *
+                       static_cast<size_t>(draft_->config().vocab_size));
+  return draft_->Forward(draft_batch_, *draft_cache_, draft_logits_.data());
+}
+
+// The draft model proposes greedily: each proposal is the argmax of its row (ties to the
+// lower id), which keeps verification exact with any sampling (docs/speculative-decoding.md).
+// Its K/V needs no care beyond being the draft's own: the model verifies every proposal,
+// so a stale entry could only cost acceptance, never change an output.
+absl::Status StepRunner::Propose(v1::StepResponse* response) {
+  const int block_size = cache_->block_size();
+  const int vocab = draft_->config().vocab_size;
+  const int draft_context = draft_->config().max_context_tokens;
+  struct Proposing {
+    uint64_t seq_id;
+    Sequence* seq;
+    int k;                          // Proposals it gets.
+    std::vector<int32_t> proposed;  // So far.
+  };
+  std::vector<Proposing> proposing;
+  size_t max_blocks = 1;
+  for (uint64_t seq_id : sampling_seqs_) {
+    Sequence& seq = sequences_.at(seq_id);
+    if (seq.num_to_propose == 0) continue;
+    const int len = static_cast<int>(seq.tokens.size());
+    // The last proposal's K/V holds where the tokens kept equal it.
+    int valid = seq.num_draft_computed;
+    for (int32_t token : seq.draft_tail) {
+      if (valid >= len || seq.tokens[valid] != token) break;
+      ++valid;
+    }
+    seq.draft_tail.clear();
+    // The last token is always fed (again): its row gives the first proposal.
+    seq.num_draft_computed = std::min(valid, len - 1);
+    // Proposal j (from 1) comes from the row of position len - 2 + j, whose K/V is
+    // written: k proposals need positions len - 1 (the last token, which the model has
+    // not computed yet either) to len + k - 2 within the draft's context, in slots of
+    // blocks the sequence alone holds.
+    int k = std::min(seq.num_to_propose, draft_context - len + 1);
+    for (int pos = len - 1; pos <= len + k - 2; ++pos) {
+      const size_t b = pos / block_size;
+      if (b >= seq.block_table.size() || block_refs_[seq.block_table[b]] != 1) {
+        k = pos - len + 1;
+        break;
+      }
+    }
+    if (k <= 0) continue;
+    max_blocks = std::max(max_blocks, seq.block_table.size());
+    proposing.push_back({seq_id, &seq, k, {}});
+  }
+  if (proposing.empty()) return absl::OkStatus();
+
+  std::vector<size_t> row_owner;  // The Proposing each logit row of draft_batch_ is for.
+  auto start_batch = [&] {
+    draft_batch_.Clear();
+    draft_batch_.max_blocks_per_seq = static_cast<int>(max_blocks);
+    row_owner.clear();
+  };
+  // Appends tokens [begin, begin + n) of proposing[i] (positions from `pos`), the last
+  // one's row wanted when `sample`.
+  auto append = [&](size_t i, std::span<const int32_t> tokens, int pos, bool sample) {
+    const Sequence& seq = *proposing[i].seq;
+    const int index = draft_batch_.num_seqs++;
+    draft_batch_.block_tables.resize(static_cast<size_t>(draft_batch_.num_seqs) * max_blocks, 0);
+    std::copy(seq.block_table.begin(), seq.block_table.end(),
+              draft_batch_.block_tables.begin() + index * max_blocks);
+    for (int32_t token : tokens) {
+      draft_batch_.token_ids.push_back(token);
+      draft_batch_.token_seq.push_back(index);
+      draft_batch_.token_pos.push_back(pos);
+      draft_batch_.slot_mapping.push_back(seq.block_table[pos / block_size] * block_size +
+                                          pos % block_size);
+      ++pos;
+    }
+    if (sample) {
+      draft_batch_.logit_rows.push_back(draft_batch_.num_tokens() - 1);
+      row_owner.push_back(i);
+    }
+  };
+  auto run = [&]() -> absl::Status {
+    if (draft_batch_.num_tokens() == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(DraftForward());
+    for (size_t r = 0; r < row_owner.size(); ++r) {
+      const float* row = draft_logits_.data() + r * vocab;
+      proposing[row_owner[r]].proposed.push_back(
+          static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+    }
+    start_batch();
+    return absl::OkStatus();
+  };
+
+  // The catch-up: every token without draft K/V (a whole prompt at a sequence's first
+  // proposal), in batches of at most max_step_tokens, which the activations are sized for.
+  start_batch();
+  for (size_t i = 0; i < proposing.size(); ++i) {
+    Sequence& seq = *proposing[i].seq;
+    const int len = static_cast<int>(seq.tokens.size());
+    while (seq.num_draft_computed < len) {
+      const int room = options_.max_step_tokens - draft_batch_.num_tokens();
+      if (room <= 0 || draft_batch_.num_seqs == options_.max_num_seqs) {
+        RETURN_IF_ERROR(run());
+        continue;
+      }
+      const int n = std::min(room, len - seq.num_draft_computed);
+      const std::span<const int32_t> all(seq.tokens);
+      append(i, all.subspan(seq.num_draft_computed, n), seq.num_draft_computed,
+             seq.num_draft_computed + n == len);
+      seq.num_draft_computed += n;
+    }
+  }
+  RETURN_IF_ERROR(run());
+  // Then one token per pass: proposal j fed back for proposal j + 1.
+  for (int j = 1;; ++j) {
+    for (size_t i = 0; i < proposing.size(); ++i) {
+      const Proposing& p = proposing[i];
+      if (p.k <= j) continue;
+      const int len = static_cast<int>(p.seq->tokens.size());
+      append(i, std::span<const int32_t>(&p.proposed[j - 1], 1), len - 1 + j, true);
+    }
+    if (draft_batch_.num_tokens() == 0) break;
+    RETURN_IF_ERROR(run());
+  }
+  for (Proposing& p : proposing) {
+    p.seq->draft_tail.assign(p.proposed.begin(), p.proposed.end() - 1);
+    if (options_.tp_rank == 0) {
+      v1::DraftProposal* out = response->add_proposals();
+      out->set_seq_id(p.seq_id);
+      out->mutable_token_ids()->Add(p.proposed.begin(), p.proposed.end());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepResponse* response) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<Scheduled> scheduled;
@@ -412,6 +579,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
       seq.sampling = FromWire(s.new_seq->sampling());
       seq.matcher = std::move(s.matcher);
       seq.masks = std::move(s.masks);
+      seq.num_to_propose = s.new_seq->num_tokens_to_propose();
       AddSequence(s.seq_id, std::move(seq));
     } else {
       const auto& added = s.running->new_block_ids();
@@ -420,6 +588,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
       const auto& drafts = s.running->draft_token_ids();
       seq.tokens.insert(seq.tokens.end(), drafts.begin(), drafts.end());
       seq.num_drafts = drafts.size();
+      seq.num_to_propose = s.running->num_tokens_to_propose();
     }
   }
   BuildBatch(scheduled);
@@ -461,20 +630,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
     forward = model_->Forward(batch_, *cache_, logits_.data());
     forward_ms = MillisSince(forward_start);
   }
-  if (!forward.ok()) {
-    // The KV cache of the scheduled sequences is now unreliable: forget them so the
-    // scheduler must re-add (recompute) them (drafts and all).
-    for (const Scheduled& s : scheduled) EraseSequence(s.seq_id);
-    device_failed_ = true;
-    // UNAVAILABLE from a collective: a peer rank went away (the group must be rebuilt,
-    // nothing was wrong with the step). Anything else is the device's own error.
-    if (forward.code() == absl::StatusCode::kUnavailable) {
-      return absl::UnavailableError(absl::StrCat(
-          "step ", request.step_id(), " lost a tensor-parallel peer: ", forward.message()));
-    }
-    return absl::InternalError(
-        absl::StrCat("step ", request.step_id(), " failed on the device: ", forward.message()));
-  }
+  if (!forward.ok()) return FailStep(request.step_id(), scheduled, forward);
   for (const Scheduled& s : scheduled) sequences_.at(s.seq_id).num_computed += s.num_tokens;
 
   const auto sample_start = std::chrono::steady_clock::now();
@@ -511,12 +667,22 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
     seq.num_computed -= seq.num_drafts - kept;
     seq.num_drafts = 0;
   }
+  const double sample_ms = MillisSince(sample_start);
+  double propose_ms = 0;
+  if (draft_ != nullptr) {
+    const auto propose_start = std::chrono::steady_clock::now();
+    if (absl::Status proposed = Propose(response); !proposed.ok()) {
+      return FailStep(request.step_id(), scheduled, proposed);
+    }
+    propose_ms = MillisSince(propose_start);
+  }
   ++steps_executed_;
   response->set_step_id(request.step_id());
   response->set_tp_rank(options_.tp_rank);
   response->set_num_step_tokens(batch_.num_tokens());
   response->mutable_timings()->set_forward_ms(forward_ms);
-  response->mutable_timings()->set_sample_ms(MillisSince(sample_start));
+  response->mutable_timings()->set_sample_ms(sample_ms);
+  response->mutable_timings()->set_propose_ms(propose_ms);
   response->mutable_timings()->set_total_ms(MillisSince(start));
   return absl::OkStatus();
 }

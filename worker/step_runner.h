@@ -65,6 +65,14 @@ class StepRunner {
     vocabulary_ = std::move(vocabulary);
   }
 
+  // Speculative decoding: the draft model that answers num_tokens_to_propose, and its KV
+  // cache (as many blocks as the model's, indexed by the same block ids). Both must
+  // outlive the runner. Without one, steps asking for proposals are refused.
+  void set_draft(model::LlamaModel* draft, model::KvCache* draft_cache) {
+    draft_ = draft;
+    draft_cache_ = draft_cache;
+  }
+
   // Forgets every sequence and step (a restarted scheduler starts from a clean slate).
   void Reset() {
     ClearSequences();
@@ -98,6 +106,13 @@ class StepRunner {
     // During a step: draft tokens appended to `tokens` for verification (computed with
     // the last token, then kept or cut back once sampled).
     int num_drafts = 0;
+    // The draft model's K/V (set_draft): valid for the first num_draft_computed tokens,
+    // and written for draft_tail (its last proposals but the final one) at the positions
+    // after them, valid as far as the tokens kept there equal it.
+    int num_draft_computed = 0;
+    std::vector<int32_t> draft_tail;
+    // Proposals asked for in the step that runs (num_tokens_to_propose).
+    int num_to_propose = 0;
     std::vector<int32_t> block_table;
     model::SamplingParams sampling;
     // Structured output: where the output stands in its grammar, and the grammar's
@@ -117,6 +132,11 @@ class StepRunner {
   };
 
   absl::Status Validate(const v1::StepRequest& request, std::vector<Scheduled>* scheduled);
+  // num_tokens_to_propose's range, and a draft model to answer it.
+  absl::Status CheckProposals(uint64_t seq_id, int32_t num_tokens_to_propose) const;
+  // Forgets the scheduled sequences after the step failed on the device, and says why.
+  absl::Status FailStep(uint64_t step_id, const std::vector<Scheduled>& scheduled,
+                        const absl::Status& failure);
   // The matcher of a new sequence's grammar with its generated tokens accepted (into
   // `scheduled`).
   absl::Status MatcherFor(const v1::NewSequence& seq, Scheduled* scheduled);
@@ -139,6 +159,11 @@ class StepRunner {
   // tap, draw index), appends it and reports it (rank 0).
   int32_t SampleInto(uint64_t step_id, uint64_t seq_id, Sequence& seq, std::vector<float>& row,
                      v1::StepResponse* response);
+  // The draft model's proposals for every sequence of sampling_seqs_ that asked for them,
+  // into `response` (rank 0).
+  absl::Status Propose(v1::StepResponse* response);
+  // Runs draft_batch_ through the draft model, into draft_logits_.
+  absl::Status DraftForward();
   // Step without the ordering bookkeeping.
   absl::Status RunStep(const v1::StepRequest& request, v1::StepResponse* response);
   // ABORTED unless `request` may run now: after its previous_step_id, which ran; not
@@ -147,6 +172,8 @@ class StepRunner {
 
   model::LlamaModel* model_;
   model::KvCache* cache_;
+  model::LlamaModel* draft_ = nullptr;  // Null: no proposals.
+  model::KvCache* draft_cache_ = nullptr;
   Options options_;
   model::Sampler sampler_;
   std::unique_ptr<model::DeviceSampler> device_sampler_;  // Null: sample on the host.
@@ -170,6 +197,8 @@ class StepRunner {
   std::vector<model::RowToSample> rows_to_sample_;
   std::vector<model::SampleResult> sampled_;
   grammar::Bitmask mask_;
+  model::ForwardBatch draft_batch_;
+  std::vector<float> draft_logits_;
 };
 
 }  // namespace conveyor::worker

@@ -88,6 +88,9 @@ struct TinyWorker {
   std::unique_ptr<kernels::Backend> backend = kernels::MakeCpuBackend(1);
   std::unique_ptr<model::LlamaModel> model;
   std::unique_ptr<model::KvCache> cache;
+  // A draft model of the same shape, other weights: steps may ask it for proposals.
+  std::unique_ptr<model::LlamaModel> draft;
+  std::unique_ptr<model::KvCache> draft_cache;
   std::unique_ptr<worker::StepRunner> engine;
 
   TinyWorker() {
@@ -102,12 +105,24 @@ struct TinyWorker {
                                        config->head_dim, kBlockSize, kNumBlocks);
     if (!made.ok()) InvariantViolated("cannot make the KV cache", made.status().ToString());
     cache = *std::move(made);
+    auto draft_created =
+        model::LlamaModel::Create(*config, *testing::MakeRandomWeightSource(2), backend.get());
+    if (!draft_created.ok())
+      InvariantViolated("cannot build the draft model", draft_created.status().ToString());
+    draft = *std::move(draft_created);
+    auto draft_made =
+        model::KvCache::Create(backend.get(), config->num_layers, config->num_kv_heads,
+                               config->head_dim, kBlockSize, kNumBlocks);
+    if (!draft_made.ok())
+      InvariantViolated("cannot make the draft's KV cache", draft_made.status().ToString());
+    draft_cache = *std::move(draft_made);
     worker::StepRunner::Options options;
     // Small steps keep the forward passes (and so the fuzzer) fast.
     options.max_step_tokens = 256;
     options.max_num_seqs = 16;
     engine = std::make_unique<worker::StepRunner>(model.get(), cache.get(), options);
     engine->set_vocabulary(MakeVocabulary(config->vocab_size, config->eos_token_ids));
+    engine->set_draft(draft.get(), draft_cache.get());
   }
 
   // Token 0 is a control token; 1-255 are the single bytes and the rest pairs of printable
@@ -177,6 +192,26 @@ void FuzzSteps(const uint8_t* data, size_t size) {
       if (token.token_id() < 0 || token.token_id() >= vocab) {
         InvariantViolated("a sampled token outside the vocabulary",
                           absl::StrCat(token.token_id(), "\nstep: ", request.ShortDebugString()));
+      }
+    }
+    for (const worker::v1::DraftProposal& proposal : response.proposals()) {
+      int asked = 0;
+      for (const auto& r : request.running()) {
+        if (r.seq_id() == proposal.seq_id()) asked = r.num_tokens_to_propose();
+      }
+      for (const auto& n : request.new_sequences()) {
+        if (n.seq_id() == proposal.seq_id()) asked = n.num_tokens_to_propose();
+      }
+      if (proposal.token_ids_size() < 1 || proposal.token_ids_size() > asked) {
+        InvariantViolated("a proposal of more tokens than asked for, or none",
+                          absl::StrCat(proposal.token_ids_size(), " for ", asked,
+                                       "\nstep: ", request.ShortDebugString()));
+      }
+      for (int32_t token : proposal.token_ids()) {
+        if (token < 0 || token >= vocab) {
+          InvariantViolated("a proposed token outside the vocabulary",
+                            absl::StrCat(token, "\nstep: ", request.ShortDebugString()));
+        }
       }
     }
   }

@@ -52,6 +52,7 @@ class EngineTest : public ::testing::Test {
     engine_.reset();
     worker_ = LocalWorker::Create(TestModelDir("llama3_gqa"), 2, num_blocks, kBlockSize);
     ASSERT_NE(worker_, nullptr);
+    if (speculative.method == "draft") worker_->AttachDraft(speculative.model);
     executor_ = std::make_unique<LocalExecutor>(worker_->engine.get());
     auto tokenizer = Tokenizer::Load(TestModelDir("llama3_gqa"));
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
@@ -312,15 +313,22 @@ TEST_F(EngineTest, SpeculationStreamsWhatDecodingDoes) {
   }
   Engine::Options::Speculative suffix = ngram;
   suffix.method = "suffix";
+  // Draft models: another model of the same vocabulary (its proposals mostly wrong), and
+  // the model itself (greedy proposals all right, sampled ones as the draws go).
+  Engine::Options::Speculative draft_other = ngram;
+  draft_other.method = "draft";
+  draft_other.model = TestModelDir("qwen2_bias_f16");
+  Engine::Options::Speculative draft_self = draft_other;
+  draft_self.model = TestModelDir("llama3_gqa");
   std::map<std::string, std::pair<uint64_t, uint64_t>> drafted_kept;
   for (const auto& [policy, blocks] : std::vector<std::pair<std::string, int>>{
            {"continuous", 256}, {"continuous", 24}, {"static", 256}, {"dynamic", 256}}) {
     Engine::Stats off_stats;
     const std::vector<Stream> off = run(policy, blocks, {}, stop_ids, &off_stats);
     EXPECT_EQ(off_stats.draft_tokens, 0u);
-    for (const Engine::Options::Speculative& spec : {ngram, suffix}) {
-      SCOPED_TRACE(::testing::Message()
-                   << spec.method << ", " << policy << " with " << blocks << " blocks");
+    for (const Engine::Options::Speculative& spec : {ngram, suffix, draft_other, draft_self}) {
+      SCOPED_TRACE(::testing::Message() << spec.method << " " << spec.model << ", " << policy
+                                        << " with " << blocks << " blocks");
       Engine::Stats on_stats;
       const std::vector<Stream> on = run(policy, blocks, spec, stop_ids, &on_stats);
       for (size_t i = 0; i < requests.size(); ++i) {

@@ -70,6 +70,18 @@ std::unique_ptr<LocalWorker> LocalWorker::Create(const std::string& model_dir, i
   return w;
 }
 
+void LocalWorker::AttachDraft(const std::string& draft_dir) {
+  auto loaded = model::LlamaModel::Load(draft_dir, backend.get());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  draft_model = std::move(*loaded);
+  const ModelConfig& c = draft_model->config();
+  auto made = model::KvCache::Create(backend.get(), c.num_layers, c.num_kv_heads, c.head_dim,
+                                     cache->block_size(), cache->num_blocks());
+  ASSERT_TRUE(made.ok()) << made.status();
+  draft_cache = std::move(*made);
+  engine->set_draft(draft_model.get(), draft_cache.get());
+}
+
 std::vector<float> PrefillLogits(LocalWorker& w, const std::vector<int32_t>& tokens, int first) {
   const int vocab = w.model->config().vocab_size;
   const int n = static_cast<int>(tokens.size());

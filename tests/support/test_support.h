@@ -38,6 +38,9 @@ struct LocalWorker {
   std::unique_ptr<model::KvCache> cache;
   std::unique_ptr<worker::StepRunner> engine;
   LogitsRecorder logits;  // The engine's logits tap.
+  // Speculative decoding's draft model (AttachDraft), on the same backend.
+  std::unique_ptr<model::LlamaModel> draft_model;
+  std::unique_ptr<model::KvCache> draft_cache;
 
   // Aborts the test (ASSERT) on failure. `keep_quantized`: a GGUF file's block-quantized
   // weights stay in their blocks (MakeCpuBackend).
@@ -45,6 +48,10 @@ struct LocalWorker {
       const std::string& model_dir, int num_threads, int num_blocks, int block_size,
       kernels::CpuWeightDtype weights = kernels::CpuWeightDtype::kF32,
       kernels::CpuKvDtype kv = kernels::CpuKvDtype::kF32, bool keep_quantized = false);
+
+  // Loads `draft_dir` as the engine's draft model, with a KV cache of as many blocks as
+  // the model's (ASSERTs it loads).
+  void AttachDraft(const std::string& draft_dir);
 };
 
 // The logits of positions [first, first + tokens.size()) of sequence 0 (blocks 0, 1, ...

@@ -189,6 +189,137 @@ INSTANTIATE_TEST_SUITE_P(Storages, SpeculativeStepTest,
                            return info.param.name;
                          });
 
+// Decodes the cases with the engine's draft model (`draft_dir`): every step asks for 1 to
+// 5 proposals per sequence (from `seed`) and carries the ones the last step answered as
+// its drafts. `proposal` sees each proposal, the tokens it follows, and how many were
+// asked for.
+struct DraftRun {
+  std::map<uint64_t, Trace> traces;
+  std::map<uint64_t, int> proposed, kept;  // Draft tokens carried and kept, per sequence.
+};
+DraftRun DecodeWithDraftModel(
+    const std::string& model_dir, const std::string& draft_dir, const std::vector<Case>& cases,
+    uint32_t seed,
+    const std::function<void(const std::vector<int32_t>& tokens,
+                             const std::vector<int32_t>& proposal, int asked)>& proposal) {
+  auto w = LocalWorker::Create(model_dir, 2, kNumBlocks, kBlockSize);
+  w->AttachDraft(draft_dir);
+  AllLogits tap;
+  w->engine->set_logits_tap(&tap);
+  std::mt19937 rng(seed);
+  DraftRun run;
+  std::map<uint64_t, std::vector<int32_t>> tokens, drafts;
+  std::map<uint64_t, int> asked;
+  worker::v1::StepRequest step;
+  step.set_step_id(1);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const uint64_t id = i + 1;
+    tokens[id] = cases[i].prompt;
+    asked[id] = 1 + static_cast<int>(rng() % 5);
+    AddNew(&step, id, cases[i], 40 * i)->set_num_tokens_to_propose(asked[id]);
+  }
+  for (uint64_t step_id = 1;; ++step_id) {
+    worker::v1::StepResponse response;
+    const absl::Status status = w->engine->Step(step, &response);
+    EXPECT_TRUE(status.ok()) << status;
+    if (!status.ok()) break;
+    std::map<uint64_t, int> answered;
+    for (const worker::v1::SampledToken& t : response.tokens()) {
+      ++answered[t.seq_id()];
+      Trace& trace = run.traces[t.seq_id()];
+      trace.tokens.push_back(t.token_id());
+      trace.logprobs.push_back(t.logprob());
+      tokens[t.seq_id()].push_back(t.token_id());
+    }
+    for (auto& [id, carried] : drafts) {
+      run.proposed[id] += static_cast<int>(carried.size());
+      run.kept[id] += answered[id] - 1;
+    }
+    drafts.clear();
+    for (const worker::v1::DraftProposal& p : response.proposals()) {
+      const std::vector<int32_t> got(p.token_ids().begin(), p.token_ids().end());
+      proposal(tokens[p.seq_id()], got, asked[p.seq_id()]);
+      drafts[p.seq_id()] = got;
+    }
+    step.Clear();
+    step.set_step_id(step_id + 1);
+    step.set_previous_step_id(step_id);
+    bool any = false;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const uint64_t id = i + 1;
+      const int have = static_cast<int>(run.traces[id].tokens.size());
+      if (have >= kNewTokens) {
+        drafts.erase(id);  // Not carried: it is done.
+        continue;
+      }
+      any = true;
+      auto* running = step.add_running();
+      running->set_seq_id(id);
+      running->set_num_tokens(1);
+      std::vector<int32_t>& draft = drafts[id];
+      draft.resize(std::min<size_t>(draft.size(), kNewTokens - have - 1));
+      running->mutable_draft_token_ids()->Add(draft.begin(), draft.end());
+      asked[id] = 1 + static_cast<int>(rng() % 5);
+      running->set_num_tokens_to_propose(asked[id]);
+    }
+    if (!any) break;
+  }
+  for (auto& [id, trace] : run.traces) trace.logits = std::move(tap.rows(id));
+  return run;
+}
+
+TEST(DraftModelTest, ProposalsAreTheDraftsGreedyTokensAndOutputsDoNotChange) {
+  const std::string dir = TestModelDir("llama3_gqa");
+  const std::string draft_dir = TestModelDir("qwen2_bias_f16");  // Same vocabulary.
+  const auto probe = LocalWorker::Create(dir, 1, 8, kBlockSize);
+  const std::vector<Case> cases = MakeCases(probe->model->config().vocab_size);
+  const std::map<uint64_t, Trace> reference =
+      Decode(dir, cases, kernels::CpuWeightDtype::kF32, Drafts::kNone, nullptr, 1);
+  // The draft model alone, each proposal recomputed from scratch: the runner's K/V
+  // bookkeeping (the catch-up, the last proposal's entries kept where they held) must
+  // give the same tokens.
+  auto draft = LocalWorker::Create(draft_dir, 1, 64, kBlockSize);
+  int proposals = 0;
+  for (uint32_t seed : {3u, 4u}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const DraftRun run = DecodeWithDraftModel(
+        dir, draft_dir, cases, seed,
+        [&](const std::vector<int32_t>& tokens, const std::vector<int32_t>& proposal, int asked) {
+          ++proposals;
+          ASSERT_EQ(static_cast<int>(proposal.size()), asked);  // The blocks have room.
+          EXPECT_EQ(proposal, GreedyByPrefill(*draft, tokens, asked));
+        });
+    for (const auto& [id, want] : reference) {
+      SCOPED_TRACE(::testing::Message() << "sequence " << id);
+      const Trace& got = run.traces.at(id);
+      ASSERT_EQ(got.tokens, want.tokens);
+      EXPECT_EQ(got.logprobs, want.logprobs);
+      ASSERT_EQ(got.logits, want.logits);
+      EXPECT_GT(run.proposed.at(id), 0);
+    }
+  }
+  EXPECT_GT(proposals, 2 * kNewTokens);
+}
+
+TEST(DraftModelTest, TheModelAsItsOwnDraftHasEveryGreedyProposalKept) {
+  // Same weights, same backend, batch-invariant kernels: the draft's logits are the
+  // model's, so a greedy sequence keeps every proposal, which only holds if the draft
+  // model's K/V is right at every position it reuses.
+  const std::string dir = TestModelDir("llama3_gqa");
+  const auto probe = LocalWorker::Create(dir, 1, 8, kBlockSize);
+  const std::vector<Case> cases = MakeCases(probe->model->config().vocab_size);
+  const std::map<uint64_t, Trace> reference =
+      Decode(dir, cases, kernels::CpuWeightDtype::kF32, Drafts::kNone, nullptr, 1);
+  const DraftRun run =
+      DecodeWithDraftModel(dir, dir, cases, 7, [](const auto&, const auto&, int) {});
+  for (const auto& [id, want] : reference) {
+    ASSERT_EQ(run.traces.at(id).tokens, want.tokens) << "sequence " << id;
+  }
+  // Sequence 1 is greedy; the others sample, and keep what their draws agree with.
+  EXPECT_GT(run.proposed.at(1), kNewTokens / 2);
+  EXPECT_EQ(run.kept.at(1), run.proposed.at(1));
+}
+
 // A sequence decoded to its first token, ready for a step with drafts.
 std::unique_ptr<LocalWorker> Started(worker::v1::StepRequest* next) {
   auto w = LocalWorker::Create(TestModelDir("llama3_gqa"), 1, 16, kBlockSize);
@@ -256,6 +387,49 @@ TEST(SpeculativeStepValidationTest, RefusesDraftsItCannotVerify) {
     EXPECT_TRUE(w->engine->Step(step, &again).ok());
     EXPECT_EQ(again.tokens_size(), 1);
   }
+}
+
+TEST(DraftModelTest, ProposalsNeedADraftModelAndABoundedCount) {
+  worker::v1::StepRequest step;
+  auto w = Started(&step);
+  step.mutable_running(0)->set_num_tokens_to_propose(2);
+  worker::v1::StepResponse response;
+  absl::Status status = w->engine->Step(step, &response);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find("without draft_model_path"), std::string::npos) << status;
+
+  w->AttachDraft(TestModelDir("llama3_gqa"));
+  step.mutable_running(0)->set_num_tokens_to_propose(33);
+  step.set_step_id(3);
+  step.set_previous_step_id(0);  // Not built on the refused step 2.
+  status = w->engine->Step(step, &response);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("num_tokens_to_propose must be in [0, 32]"), std::string::npos)
+      << status;
+  // The sequence holds 2 blocks of 4 slots and 7 tokens after this step: the first
+  // proposal comes from the last token's row, the second needs the first's K/V in the
+  // last slot, a third would need a ninth slot. So 2 of the 8 asked for.
+  step.mutable_running(0)->set_num_tokens_to_propose(8);
+  step.set_step_id(4);
+  ASSERT_TRUE(w->engine->Step(step, &response).ok());
+  ASSERT_EQ(response.proposals_size(), 1);
+  EXPECT_EQ(response.proposals(0).token_ids_size(), 2);
+
+  // A prompt that fills its blocks: the token sampled after it has no slot yet (the
+  // scheduler adds one before the next step), and the draft needs one to read its row.
+  worker::v1::StepRequest full;
+  full.set_step_id(5);
+  auto* seq = full.add_new_sequences();
+  seq->set_seq_id(2);
+  for (int t = 0; t < 8; ++t) seq->add_token_ids(3 + t);
+  seq->set_num_tokens(8);
+  seq->add_block_ids(4);
+  seq->add_block_ids(5);
+  seq->set_num_tokens_to_propose(4);
+  worker::v1::StepResponse answer;
+  ASSERT_TRUE(w->engine->Step(full, &answer).ok());
+  EXPECT_EQ(answer.tokens_size(), 1);
+  EXPECT_EQ(answer.proposals_size(), 0);
 }
 
 }  // namespace
