@@ -137,6 +137,17 @@ STEP_SEQUENCES = {
         'step_id: 3 running { seq_id: 4 num_tokens: 1 new_block_ids: [2] '
         'draft_token_ids: [10, 20, 30, 10, 20, 30, 10, 20, 30, 10, 20] }',
     ],
+    # The draft model proposes after the prefill and after each decode; the proposals come
+    # back as drafts, one shared-prefix sequence among them, and one asks for more than
+    # its blocks hold slots for.
+    "proposals": [
+        'step_id: 1 new_sequences { seq_id: 5 token_ids: [1, 10, 20, 30, 40] num_tokens: 5 '
+        'block_ids: [0, 1] sampling { temperature: 0 } num_tokens_to_propose: 3 }',
+        'step_id: 2 running { seq_id: 5 num_tokens: 1 draft_token_ids: [10, 20] '
+        'num_tokens_to_propose: 4 }',
+        'step_id: 3 running { seq_id: 5 num_tokens: 1 new_block_ids: [2] draft_token_ids: [20] '
+        'num_tokens_to_propose: 32 }',
+    ],
     "chunked_prefill": [
         'step_id: 1 new_sequences { seq_id: 7 token_ids: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, '
         '12, 13, 14, 15, 16, 17, 18] num_tokens: 10 block_ids: [3] '

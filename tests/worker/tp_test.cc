@@ -525,11 +525,14 @@ TEST(TpWorkerProcessErrorsTest, InitWithoutAValidCollectiveIdIsRefused) {
 // running).
 std::vector<std::vector<int>> GenerateThroughScheduler(
     const std::string& workers, const std::vector<std::vector<int32_t>>& prompts,
-    int expected_tp_size, const std::string& model = "llama3_gqa") {
-  auto process =
-      Subprocess::Start({SchedulerBinary(), "--port=0", "--metrics_port=0",
-                         "--model=" + TestModelDir(model), "--workers=" + workers, "--block_size=4",
-                         "--log_level=warn", "--scheduler_id=tp-test-scheduler"});
+    int expected_tp_size, const std::string& model = "llama3_gqa",
+    const std::vector<std::string>& extra_flags = {}) {
+  std::vector<std::string> args = {SchedulerBinary(),      "--port=0",
+                                   "--metrics_port=0",     "--model=" + TestModelDir(model),
+                                   "--workers=" + workers, "--block_size=4",
+                                   "--log_level=warn",     "--scheduler_id=tp-test-scheduler"};
+  args.insert(args.end(), extra_flags.begin(), extra_flags.end());
+  auto process = Subprocess::Start(args);
   EXPECT_TRUE(process.has_value());
   if (!process) return {};
   const auto line = process->WaitForLine("listening on", 30s);
@@ -584,6 +587,28 @@ TEST(TpSchedulerTest, TwoRanksStreamTheTokensOfOne) {
   EXPECT_EQ(GenerateThroughScheduler(group, prompts, 2), expected);
   // A second scheduler over the same, already initialised ranks (a restart).
   EXPECT_EQ(GenerateThroughScheduler(group, prompts, 2), expected);
+}
+
+// Speculative decoding with a draft model across processes and ranks: every rank loads
+// the draft (here the model itself, so that every greedy proposal is kept and a wrong
+// proposal anywhere would show), rank 0 answers the proposals, and the streams are those
+// of one rank without speculation.
+TEST(TpSchedulerTest, TwoRanksWithADraftModelStreamTheTokensOfOne) {
+  const auto single = StartWorker();
+  const auto rank0 = StartWorker();
+  const auto rank1 = StartWorker();
+  const auto alone = StartWorker();
+  ASSERT_TRUE(single != nullptr && rank0 != nullptr && rank1 != nullptr && alone != nullptr);
+  const std::vector<std::vector<int32_t>> prompts = LoadReference("llama3_gqa").prompts;
+  const auto expected = GenerateThroughScheduler(single->address, prompts, 1);
+  ASSERT_EQ(expected.size(), prompts.size());
+  const std::vector<std::string> draft = {"--speculative_method=draft",
+                                          "--speculative_model=" + TestModelDir("llama3_gqa"),
+                                          "--num_speculative_tokens=3"};
+  EXPECT_EQ(GenerateThroughScheduler(alone->address, prompts, 1, "llama3_gqa", draft), expected);
+  EXPECT_EQ(GenerateThroughScheduler(rank0->address + "," + rank1->address, prompts, 2,
+                                     "llama3_gqa", draft),
+            expected);
 }
 
 // The mixture-of-experts models end to end: the scheduler over worker processes, one rank
