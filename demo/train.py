@@ -62,7 +62,8 @@ def parse_args():
     p.add_argument("--ffn", type=int, default=704, help="MLP intermediate size")
     p.add_argument("--context", type=int, default=512,
                    help="training window and max_position_embeddings")
-    p.add_argument("--batch", type=int, default=4, help="windows per step")
+    p.add_argument("--batch", type=int, default=4,
+                   help="windows of text per step (0: copy windows only, --copy-batch)")
     p.add_argument("--steps", type=int, default=1800)
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
     p.add_argument("--warmup", type=int, default=100, help="linear warm-up steps")
@@ -121,7 +122,7 @@ def copy_window(stream, length, vocab_size, gen):
     parts = [lead, passage, gap, passage]
     used = sum(len(x) for x in parts)
     parts.append(span(length + 1 - used))
-    return torch.cat(parts)
+    return torch.cat(parts), second_copy_mask(length, used - n, n)
 
 
 def random_copy_window(length, vocab_size, gen):
@@ -133,7 +134,17 @@ def random_copy_window(length, vocab_size, gen):
     first = int(torch.randint(0, length // 3, (1,), generator=gen))
     second = int(torch.randint(first + n, length + 1 - n, (1,), generator=gen))
     window[second:second + n] = window[first:first + n]
-    return window
+    return window, second_copy_mask(length, second, n)
+
+
+def second_copy_mask(length, second, n):
+    """Which of a window's `length` targets lie in the second copy of a passage starting at
+    token `second`: past its first token, only the earlier copy predicts them. Training on
+    these alone keeps the signal that teaches copying from drowning in the loss of tokens
+    nothing predicts (random ones) or that plain text already teaches."""
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[second:second + n - 1] = True  # target t is token t + 1
+    return mask
 
 
 def token_stream(tok, texts):
@@ -291,21 +302,23 @@ def train(model, stream, args, gen, held_stream):
 
     start, smoothed = time.time(), None
     for step in range(args.steps):
-        offsets = torch.randint(0, len(stream) - args.context - 1, (args.batch,), generator=gen)
-        window = torch.stack([stream[o:o + args.context + 1] for o in offsets])
-        logits = model(window[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
+        loss = torch.zeros(())
+        if args.batch > 0:
+            offsets = torch.randint(0, len(stream) - args.context - 1, (args.batch,),
+                                    generator=gen)
+            window = torch.stack([stream[o:o + args.context + 1] for o in offsets])
+            logits = model(window[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
         if args.copy_batch > 0:
             # Short windows, many of them: copying is learnt from the number of repeats
             # seen (a few hundred steps of these), not from their length.
-            if step < args.copy_warmup:
-                copies = torch.stack([random_copy_window(args.copy_context, vocab_size, gen)
-                                      for _ in range(args.copy_batch)])
-            else:
-                copies = torch.stack([copy_window(stream, args.copy_context, vocab_size, gen)
-                                      for _ in range(args.copy_batch)])
+            make = ((lambda: random_copy_window(args.copy_context, vocab_size, gen))
+                    if step < args.copy_warmup
+                    else (lambda: copy_window(stream, args.copy_context, vocab_size, gen)))
+            copies, masks = zip(*(make() for _ in range(args.copy_batch)))
+            copies, masks = torch.stack(copies), torch.stack(masks)
             logits = model(copies[:, :-1])
-            loss = loss + F.cross_entropy(logits.flatten(0, 1), copies[:, 1:].flatten())
+            loss = loss + F.cross_entropy(logits[masks], copies[:, 1:][masks])
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)

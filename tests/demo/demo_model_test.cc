@@ -2,7 +2,8 @@
 // conveyor-worker and conveyor-scheduler processes: its greedy continuation must be
 // English (at least 90 % of its words in Debian's word list, package wamerican, and not
 // a loop over a handful of them), and seeded sampling must be reproducible, vary with the
-// seed and differ from greedy.
+// seed and differ from greedy. Served with its draft model (demo/draft) for speculative
+// decoding, the texts are the same and the draft's proposals are kept.
 //
 // CONVEYOR_DEMO_MODEL_DIR overrides the model directory, e.g. to see a random-weight
 // checkpoint from tests/model_gen/make_test_model.py fail the word check.
@@ -33,6 +34,11 @@ constexpr size_t kMinDistinctWords = 12;
 std::string DemoModelDir() {
   const char* dir = std::getenv("CONVEYOR_DEMO_MODEL_DIR");
   return dir != nullptr ? dir : CONVEYOR_DEMO_MODEL_DIR_DEFAULT;
+}
+
+std::string DemoDraftDir() {
+  const char* dir = std::getenv("CONVEYOR_DEMO_DRAFT_DIR");
+  return dir != nullptr ? dir : CONVEYOR_DEMO_DRAFT_DIR_DEFAULT;
 }
 
 // The runs of ASCII letters in `text`, lower-cased: "LORD's" gives "lord" and "s".
@@ -129,6 +135,24 @@ TEST_F(DemoModelTest, SeededSamplingIsReproducibleAndVaries) {
   EXPECT_EQ(first, again) << "the same seed must give the same text";
   EXPECT_NE(first, other) << "different seeds gave the same text";
   EXPECT_NE(first, greedy) << "sampling gave the greedy text";
+}
+
+TEST_F(DemoModelTest, ServedWithItsDraftModelTheTextsAreTheSame) {
+  ASSERT_TRUE(server_->WaitReady());
+  Server speculative({"--model=" + DemoModelDir(), "--speculative_method=draft",
+                      "--speculative_model=" + DemoDraftDir(), "--num_speculative_tokens=4"});
+  ASSERT_TRUE(speculative.WaitReady());
+  for (const v1::GenerateRequest& request : {Request(0, 1, 0), Request(0.8f, 0.95f, 1)}) {
+    const Stream plain = server_->Generate(request);
+    const Stream drafted = speculative.Generate(request);
+    ASSERT_TRUE(drafted.status.ok()) << drafted.status.error_message();
+    EXPECT_EQ(drafted.tokens, plain.tokens) << "temperature " << request.temperature();
+    EXPECT_EQ(drafted.text, plain.text);
+  }
+  const double drafted = speculative.Metric("conveyor_spec_draft_tokens_total");
+  const double kept = speculative.Metric("conveyor_spec_accepted_tokens_total");
+  std::cout << "draft tokens " << drafted << ", kept " << kept << "\n";
+  EXPECT_GT(kept, 0) << "the draft model's proposals were never kept";
 }
 
 }  // namespace
