@@ -45,6 +45,9 @@ while (($#)); do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+if [[ " $methods " == *" draft "* && -z $draft_model ]]; then
+  echo "--methods draft needs --draft-model DIR" >&2; exit 2
+fi
 # shellcheck source=bench/small_model_server.sh
 source "$repo/bench/small_model_server.sh"
 metric() { curl -s "127.0.0.1:$1/metrics" | awk -v n="$2" '$1 ~ "^"n"({|$)" {print $2; exit}'; }
@@ -57,14 +60,15 @@ for ((round = 1; round <= rounds; ++round)); do
 for c in $concurrency; do
 for method in $methods; do
   wport="$(free_port)"; sport="$(free_port)"; smetrics="$(free_port)"
+  draft_args=()
+  [[ $method == draft ]] && draft_args=(--speculative_model="$draft_model")
   "$build_dir/worker/conveyor-worker" --port="$wport" --metrics_port=0 \
     --threads="$threads" 2>/dev/null >/dev/null &
   pids+=("$!")
   "$build_dir/scheduler/conveyor-scheduler" --model="$model_dir" --workers="127.0.0.1:$wport" \
     --port="$sport" --metrics_port="$smetrics" --kv_cache_bytes=$((1 << 30)) \
     --max_num_seqs=64 --speculative_method="$method" --num_speculative_tokens="$num_spec" \
-    ${draft_model:+$([[ $method == draft ]] && echo "--speculative_model=$draft_model")} \
-    2>/dev/null >/dev/null &
+    "${draft_args[@]}" 2>/dev/null >/dev/null &
   pids+=("$!")
   wait_metrics "$smetrics"
   out="$(mktemp)"

@@ -67,17 +67,20 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(Device& device, const RankOpt
   if (device.decode_graphs()) RETURN_IF_ERROR(model.EnableDecodeGraphs(options.max_num_seqs));
   ASSIGN_OR_RETURN(rank->device_sampler_,
                    device.MakeSampler(rank->backend_.get(), c.vocab_size, options.max_num_seqs));
-  const size_t target_block_bytes =
-      KvCache::BytesPerBlock(c.num_layers, model.local_num_kv_heads(), c.head_dim,
-                             options.block_size, rank->backend_->kv_element_bytes());
-  size_t draft_block_bytes = 0;
-  if (rank->draft_model_ != nullptr) {
-    const ModelConfig& d = rank->draft_model_->config();
-    draft_block_bytes =
-        KvCache::BytesPerBlock(d.num_layers, rank->draft_model_->local_num_kv_heads(), d.head_dim,
-                               options.block_size, rank->backend_->kv_element_bytes());
-  }
-  const size_t block_bytes = target_block_bytes + draft_block_bytes;
+  // A block's bytes in the KV cache of `m`, and that cache; the draft's has as many
+  // blocks as the model's, out of the same budget.
+  kernels::Backend* backend = rank->backend_.get();
+  auto bytes_per_block = [&](const LlamaModel& m) {
+    return KvCache::BytesPerBlock(m.config().num_layers, m.local_num_kv_heads(),
+                                  m.config().head_dim, options.block_size,
+                                  backend->kv_element_bytes());
+  };
+  auto make_cache = [&](const LlamaModel& m, int num_blocks) {
+    return KvCache::Create(backend, m.config().num_layers, m.local_num_kv_heads(),
+                           m.config().head_dim, options.block_size, num_blocks);
+  };
+  const LlamaModel* draft = rank->draft_model_.get();
+  const size_t block_bytes = bytes_per_block(model) + (draft ? bytes_per_block(*draft) : 0);
   uint64_t budget = options.kv_cache_bytes;
   if (budget == 0) {
     ASSIGN_OR_RETURN(budget, device.DefaultKvBudgetBytes(rank->backend_.get()));
@@ -86,15 +89,9 @@ absl::StatusOr<std::unique_ptr<Rank>> Rank::Create(Device& device, const RankOpt
   if (num_blocks > static_cast<uint64_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("kv_cache_bytes is too large");
   }
-  ASSIGN_OR_RETURN(rank->cache_,
-                   KvCache::Create(rank->backend_.get(), c.num_layers, model.local_num_kv_heads(),
-                                   c.head_dim, options.block_size, static_cast<int>(num_blocks)));
-  if (rank->draft_model_ != nullptr) {
-    const ModelConfig& d = rank->draft_model_->config();
-    ASSIGN_OR_RETURN(rank->draft_cache_,
-                     KvCache::Create(rank->backend_.get(), d.num_layers,
-                                     rank->draft_model_->local_num_kv_heads(), d.head_dim,
-                                     options.block_size, static_cast<int>(num_blocks)));
+  ASSIGN_OR_RETURN(rank->cache_, make_cache(model, static_cast<int>(num_blocks)));
+  if (draft != nullptr) {
+    ASSIGN_OR_RETURN(rank->draft_cache_, make_cache(*draft, static_cast<int>(num_blocks)));
   }
   rank->load_ms_ =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

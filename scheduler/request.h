@@ -78,7 +78,7 @@ struct Request {
   int num_drafts_in_flight = 0;
   int draft_length = 0;
   // --speculative_method=draft: the draft model's last proposal, made when the request
-  // held proposal_at tokens (a drafts for its next step only while it still does).
+  // held proposal_at tokens (its next step's drafts only while it still holds that many).
   std::vector<int32_t> proposal;
   int proposal_at = -1;
   // --speculative_method=suffix: the index of its tokens, made at its first proposal.

@@ -22,12 +22,13 @@ absl::Status ValidateServerConfig(const ServerConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--speculative_method must be off, ngram, suffix or draft, got \"", spec.method, "\""));
   }
-  if ((spec.method == "draft") != !spec.model.empty()) {
+  if (spec.method == "draft" && spec.model.empty()) {
     return absl::InvalidArgumentError(
-        spec.method == "draft"
-            ? "--speculative_method=draft needs --speculative_model (the draft model's path "
-              "as the workers see it)"
-            : "--speculative_model is for --speculative_method=draft only");
+        "--speculative_method=draft needs --speculative_model (the draft model's path as the "
+        "workers see it)");
+  }
+  if (spec.method != "draft" && !spec.model.empty()) {
+    return absl::InvalidArgumentError("--speculative_model is for --speculative_method=draft only");
   }
   if (spec.num_tokens < 1 || spec.num_tokens > 32) {
     return absl::InvalidArgumentError(

@@ -482,8 +482,8 @@ absl::Status StepRunner::Propose(v1::StepResponse* response) {
     draft_batch_.max_blocks_per_seq = static_cast<int>(max_blocks);
     row_owner.clear();
   };
-  // Appends tokens [begin, begin + n) of proposing[i] (positions from `pos`), the last
-  // one's row wanted when `sample`.
+  // Appends `tokens` of proposing[i] at positions from `pos`, the last one's logit row
+  // wanted when `sample`.
   auto append = [&](size_t i, std::span<const int32_t> tokens, int pos, bool sample) {
     const Sequence& seq = *proposing[i].seq;
     const int index = draft_batch_.num_seqs++;

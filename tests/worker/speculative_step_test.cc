@@ -61,6 +61,20 @@ struct Trace {
   std::vector<float> logprobs;
 };
 
+// Appends a step's answered tokens to their sequences' traces; returns how many each
+// sequence got (beyond the first: drafts the worker kept).
+std::map<uint64_t, int> Record(const worker::v1::StepResponse& response,
+                               std::map<uint64_t, Trace>* traces) {
+  std::map<uint64_t, int> answered;
+  for (const worker::v1::SampledToken& t : response.tokens()) {
+    ++answered[t.seq_id()];
+    Trace& trace = (*traces)[t.seq_id()];
+    trace.tokens.push_back(t.token_id());
+    trace.logprobs.push_back(t.logprob());
+  }
+  return answered;
+}
+
 worker::v1::NewSequence* AddNew(worker::v1::StepRequest* step, uint64_t id, const Case& c,
                                 int first_block) {
   auto* seq = step->add_new_sequences();
@@ -99,14 +113,7 @@ std::map<uint64_t, Trace> Decode(const std::string& model_dir, const std::vector
     const absl::Status status = w->engine->Step(step, &response);
     EXPECT_TRUE(status.ok()) << status;
     if (!status.ok()) break;
-    std::map<uint64_t, int> answered;
-    for (const worker::v1::SampledToken& t : response.tokens()) {
-      // Tokens after a sequence's first in one answer are drafts the worker kept.
-      if (answered[t.seq_id()]++ > 0) ++kept_drafts;
-      Trace& trace = traces[t.seq_id()];
-      trace.tokens.push_back(t.token_id());
-      trace.logprobs.push_back(t.logprob());
-    }
+    for (const auto& [id, count] : Record(response, &traces)) kept_drafts += count - 1;
     step.Clear();
     step.set_step_id(step_id + 1);
     step.set_previous_step_id(step_id);
@@ -208,13 +215,12 @@ DraftRun DecodeWithDraftModel(
   w->engine->set_logits_tap(&tap);
   std::mt19937 rng(seed);
   DraftRun run;
-  std::map<uint64_t, std::vector<int32_t>> tokens, drafts;
+  std::map<uint64_t, std::vector<int32_t>> drafts;
   std::map<uint64_t, int> asked;
   worker::v1::StepRequest step;
   step.set_step_id(1);
   for (size_t i = 0; i < cases.size(); ++i) {
     const uint64_t id = i + 1;
-    tokens[id] = cases[i].prompt;
     asked[id] = 1 + static_cast<int>(rng() % 5);
     AddNew(&step, id, cases[i], 40 * i)->set_num_tokens_to_propose(asked[id]);
   }
@@ -223,14 +229,7 @@ DraftRun DecodeWithDraftModel(
     const absl::Status status = w->engine->Step(step, &response);
     EXPECT_TRUE(status.ok()) << status;
     if (!status.ok()) break;
-    std::map<uint64_t, int> answered;
-    for (const worker::v1::SampledToken& t : response.tokens()) {
-      ++answered[t.seq_id()];
-      Trace& trace = run.traces[t.seq_id()];
-      trace.tokens.push_back(t.token_id());
-      trace.logprobs.push_back(t.logprob());
-      tokens[t.seq_id()].push_back(t.token_id());
-    }
+    std::map<uint64_t, int> answered = Record(response, &run.traces);
     for (auto& [id, carried] : drafts) {
       run.proposed[id] += static_cast<int>(carried.size());
       run.kept[id] += answered[id] - 1;
@@ -238,7 +237,11 @@ DraftRun DecodeWithDraftModel(
     drafts.clear();
     for (const worker::v1::DraftProposal& p : response.proposals()) {
       const std::vector<int32_t> got(p.token_ids().begin(), p.token_ids().end());
-      proposal(tokens[p.seq_id()], got, asked[p.seq_id()]);
+      // The tokens it follows: the prompt, then what was answered.
+      std::vector<int32_t> tokens = cases[p.seq_id() - 1].prompt;
+      const std::vector<int32_t>& output = run.traces[p.seq_id()].tokens;
+      tokens.insert(tokens.end(), output.begin(), output.end());
+      proposal(tokens, got, asked[p.seq_id()]);
       drafts[p.seq_id()] = got;
     }
     step.Clear();
