@@ -8,11 +8,15 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace conveyor {
+
+inline constexpr int kMaxLogitBias = 1024;
 
 struct SamplingParams {
   float temperature = 1.0f;         // 0: greedy (argmax). In [0, 100].
@@ -26,6 +30,10 @@ struct SamplingParams {
   // resumed after a worker failure) draws what it would have drawn.
   uint64_t seed = 0;
   int num_logprobs = 0;  // Top alternatives to report with each token; 0: none.
+  // Added to a token's logit before any other transform (OpenAI's logit_bias): -100 bans
+  // it in practice, +100 forces it. Sorted by id, each id once, values in [-100, 100], at
+  // most kMaxLogitBias entries; ids must be in the vocabulary (checked where it is known).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   bool is_greedy() const { return temperature == 0.0f; }
 };
@@ -49,6 +57,21 @@ inline absl::Status ValidateSamplingParams(const SamplingParams& p, int max_logp
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(r.field, " must be in ", r.lo_open ? "(" : "[",
                                                      r.lo, ", ", r.hi, "], got ", r.value));
+    }
+  }
+  if (p.logit_bias.size() > static_cast<size_t>(kMaxLogitBias)) {
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias holds ", p.logit_bias.size(),
+                                                   " entries, above the limit of ", kMaxLogitBias));
+  }
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto [token, bias] = p.logit_bias[i];
+    if (token < 0 || (i > 0 && token <= p.logit_bias[i - 1].first)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias token ids must be >= 0, each once, in ascending order; got ", token));
+    }
+    if (!std::isfinite(bias) || bias < -100.0f || bias > 100.0f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias for token ", token, " must be in [-100, 100], got ", bias));
     }
   }
   if (p.top_k < 0) {

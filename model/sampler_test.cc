@@ -421,6 +421,33 @@ TEST(SamplerTest, RepetitionPenaltyDividesPositiveLogits) {
   EXPECT_EQ(DrawToken(sampler, logits, params, 0, prompt), 1);
 }
 
+TEST(SamplerTest, LogitBiasIsAddedFirstAndLeavesLogprobsAlone) {
+  Sampler sampler(4);
+  const std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f};
+  SamplingParams greedy = Params(0.0f);
+  greedy.logit_bias = {{1, 1.5f}};  // 1 + 1.5 > 2.
+  EXPECT_EQ(DrawToken(sampler, logits, greedy, 0), 1);
+  greedy.logit_bias = {{1, 0.5f}};  // 1 + 0.5 < 2.
+  EXPECT_EQ(DrawToken(sampler, logits, greedy, 0), 0);
+  // -100 bans a token in practice, +100 forces one, sampling at any temperature.
+  SamplingParams hot = Params(1.5f);
+  hot.logit_bias = {{0, -100.0f}, {3, 100.0f}};
+  for (uint64_t draw = 0; draw < 200; ++draw) {
+    EXPECT_EQ(DrawToken(sampler, logits, hot, draw), 3) << "draw " << draw;
+  }
+  hot.logit_bias = {{0, -100.0f}};
+  for (uint64_t draw = 0; draw < 200; ++draw) {
+    EXPECT_NE(DrawToken(sampler, logits, hot, draw), 0) << "draw " << draw;
+  }
+  // The reported logprob is the model's (before any transform), as with the penalties.
+  std::vector<float> row = logits;
+  const SampleResult biased = sampler.Sample(row, greedy, {}, {}, 0, /*want_logprob=*/true);
+  row = logits;
+  const SampleResult plain = sampler.Sample(row, Params(0.0f), {}, {}, 0, /*want_logprob=*/true);
+  EXPECT_EQ(biased.token_id, plain.token_id);
+  EXPECT_EQ(biased.logprob, plain.logprob);
+}
+
 TEST(SamplerTest, RepetitionPenaltyOverflowingLogitsFallsBackToGreedy) {
   // A denormal penalty passes validation (it is > 0) and divides both seen logits to +inf:
   // drawing then looped forever in top-p's selection over no candidates (found by

@@ -19,6 +19,11 @@ inline worker::v1::SamplingParams ToWire(const SamplingParams& p) {
   w.set_frequency_penalty(p.frequency_penalty);
   w.set_seed(p.seed);
   w.set_num_logprobs(p.num_logprobs);
+  for (const auto& [token, bias] : p.logit_bias) {
+    worker::v1::LogitBias* entry = w.add_logit_bias();
+    entry->set_token_id(token);
+    entry->set_bias(bias);
+  }
   return w;
 }
 
@@ -33,6 +38,10 @@ inline SamplingParams FromWire(const worker::v1::SamplingParams& w) {
   p.frequency_penalty = w.frequency_penalty();
   p.seed = w.seed();
   p.num_logprobs = w.num_logprobs();
+  p.logit_bias.reserve(w.logit_bias_size());
+  for (const worker::v1::LogitBias& entry : w.logit_bias()) {
+    p.logit_bias.emplace_back(entry.token_id(), entry.bias());
+  }
   return p;
 }
 

@@ -1,5 +1,6 @@
 #include "scheduler/request_builder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -25,6 +26,14 @@ absl::Status FillSampling(const v1::GenerateRequest& p, const ServingLimits& lim
   if (p.has_presence_penalty()) params.presence_penalty = p.presence_penalty();
   if (p.has_frequency_penalty()) params.frequency_penalty = p.frequency_penalty();
   params.num_logprobs = p.logprobs();
+  params.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  std::sort(params.logit_bias.begin(), params.logit_bias.end());  // A map has no order.
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token < 0 || token >= limits.vocab_size) {
+      return Invalid(absl::StrCat("logit_bias names token ", token, ", outside the vocabulary [0, ",
+                                  limits.vocab_size, ")"));
+    }
+  }
   if (p.has_seed()) {
     params.seed = p.seed();
   } else {

@@ -297,6 +297,12 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
         !sampling.ok()) {
       return Invalid(id, absl::StrCat("sampling.", sampling.message()));
     }
+    for (const v1::LogitBias& bias : n.sampling().logit_bias()) {
+      if (bias.token_id() >= config.vocab_size) {
+        return Invalid(id, absl::StrCat("sampling.logit_bias names token ", bias.token_id(),
+                                        ", outside the vocabulary [0, ", config.vocab_size, ")"));
+      }
+    }
     RETURN_IF_ERROR(ValidateBlocks(n.block_ids(), "block_ids", id));
     RETURN_IF_ERROR(CheckProposals(id, n.num_tokens_to_propose()));
     RETURN_IF_ERROR(check_capacity(id, n.num_cached_tokens(), n.num_tokens(), n.token_ids_size(),
@@ -597,11 +603,12 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
   const int rows = static_cast<int>(batch_.logit_rows.size());
   // Grammar masks are applied on the host: a step with a constrained row samples there.
   // Drafts are verified one position after another (each draw sees the tokens kept
-  // before it): on the host too.
+  // before it): on the host too. So is a row with a logit_bias (the device sampler has
+  // none yet).
   const bool host_only =
       std::any_of(sampling_seqs_.begin(), sampling_seqs_.end(), [&](uint64_t id) {
         const Sequence& seq = sequences_.at(id);
-        return seq.matcher != nullptr || seq.num_drafts > 0;
+        return seq.matcher != nullptr || seq.num_drafts > 0 || !seq.sampling.logit_bias.empty();
       });
   const bool on_device =
       device_sampler_ != nullptr && rows <= device_sampler_->max_rows() && !host_only;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -409,9 +410,17 @@ absl::Status ParseCommon(const Json& body, ParsedRequest* r) {
   if (n.value_or(1) != 1) {
     return Unsupported("n", "n must be 1: one choice is generated per request");
   }
-  if (const Json* bias = Field(body, "logit_bias"); bias != nullptr) {
+  if (const Json* bias = Field(body, "logit_bias"); bias != nullptr && !bias->is_null()) {
+    // {"token id": bias}: OpenAI's keys are token ids written as strings.
     if (!bias->is_object()) return WrongType("logit_bias", "an object");
-    if (!bias->empty()) return Unsupported("logit_bias", "logit_bias is not supported");
+    for (const auto& [key, value] : bias->items()) {
+      int32_t token = 0;
+      if (!absl::SimpleAtoi(key, &token)) {
+        return WrongType("logit_bias", "an object whose keys are token ids");
+      }
+      if (!value.is_number()) return WrongType("logit_bias", "an object of numbers");
+      (*g.mutable_logit_bias())[token] = value.get<float>();
+    }
   }
 
   // Floats: ranges are BuildRequest's, the same as for gRPC.

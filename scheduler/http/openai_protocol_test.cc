@@ -145,7 +145,9 @@ TEST(ParseRequestTest, BadRequestsNameTheField) {
       {R"({"prompt": "a", "logprobs": true})", "logprobs", "must be an integer"},
       {R"({"prompt": "a", "stop": 3})", "stop", "a string or a list of strings"},
       {R"({"prompt": "a", "stream": "yes"})", "stream", "true or false"},
-      {R"({"prompt": "a", "logit_bias": {"1": 5}})", "logit_bias", "not supported"},
+      {R"({"prompt": "a", "logit_bias": {"one": 5}})", "logit_bias", "keys are token ids"},
+      {R"({"prompt": "a", "logit_bias": {"1": "5"}})", "logit_bias", "an object of numbers"},
+      {R"({"prompt": "a", "logit_bias": [1, 5]})", "logit_bias", "an object"},
       {R"({"prompt": "a", "seed": "1"})", "seed", "an integer"},
   };
   for (const Case& c : cases) {

@@ -177,6 +177,8 @@ TEST_F(HttpApiTest, StopStrings) { RunClientTest(http_port_, ModelName(), "test_
 
 TEST_F(HttpApiTest, Logprobs) { RunClientTest(http_port_, ModelName(), "test_logprobs"); }
 
+TEST_F(HttpApiTest, LogitBias) { RunClientTest(http_port_, ModelName(), "test_logit_bias"); }
+
 TEST_F(HttpApiTest, SeedMakesSamplingReproducible) {
   RunClientTest(http_port_, ModelName(), "test_seed_makes_sampling_reproducible");
 }

@@ -232,6 +232,24 @@ class OpenAiClientTest(unittest.TestCase):
         self.assertTrue(all(e.top_logprobs == [] for e in streamed))
         self.assertIsNone(self.chat(max_tokens=2).choices[0].logprobs)
 
+    def test_logit_bias(self):
+        # +100 forces a token at every position; -100 bans it (another forced one wins).
+        forced = self.complete(max_tokens=6, logprobs=1, logit_bias={"300": 100})
+        tokens = forced.choices[0].logprobs.tokens
+        self.assertEqual(len(tokens), 6)
+        self.assertEqual(len(set(tokens)), 1, tokens)
+        other = self.complete(max_tokens=6, logprobs=1, logit_bias={"300": -100, "301": 100})
+        others = other.choices[0].logprobs.tokens
+        self.assertEqual(len(set(others)), 1, others)
+        self.assertNotEqual(others[0], tokens[0])
+        # Sampled too, and through the chat endpoint.
+        chat = self.chat(max_tokens=4, temperature=1.0, seed=7, logprobs=True,
+                         logit_bias={"300": 100})
+        self.assertEqual([e.token for e in chat.choices[0].logprobs.content], [tokens[0]] * 4)
+        with self.assertRaises(openai.BadRequestError) as bad:
+            self.complete(logit_bias={"300": 101})
+        self.assertIn("logit_bias", str(bad.exception))
+
     def test_seed_makes_sampling_reproducible(self):
         sampled = dict(temperature=1.0, top_p=0.95, seed=1234, max_tokens=16)
         first = self.complete(**sampled).choices[0].text

@@ -108,6 +108,9 @@ TEST_F(RequestBuilderTest, SamplingErrors) {
   with([](auto& r) { r.set_frequency_penalty(-2.5f); }, "frequency_penalty");
   with([](auto& r) { r.set_temperature(std::nanf("")); }, "temperature");
   with([](auto& r) { r.set_logprobs(21); }, "logprobs");
+  with([](auto& r) { (*r.mutable_logit_bias())[3] = 100.5f; }, "logit_bias for token 3");
+  with([](auto& r) { (*r.mutable_logit_bias())[-1] = 1.0f; }, "logit_bias names token -1");
+  with([](auto& r) { (*r.mutable_logit_bias())[1 << 20] = 1.0f; }, "outside the vocabulary");
 }
 
 TEST_F(RequestBuilderTest, StopErrors) {
