@@ -240,6 +240,15 @@ Sampler::Sampler(int vocab_size)
       output_counts_(vocab_size, 0),
       seen_(vocab_size, 0) {}
 
+SampleResult Sampler::Score(std::span<const float> logits, int token_id, int num_logprobs) {
+  ComputeLogSoftmax(logits, log_softmax_);
+  SampleResult result;
+  result.token_id = token_id;
+  result.logprob = log_softmax_[token_id];
+  if (num_logprobs > 0) result.top_logprobs = TopLogprobs(log_softmax_, num_logprobs, candidates_);
+  return result;
+}
+
 SampleResult Sampler::Sample(std::span<float> logits, const SamplingParams& params,
                              std::span<const int> prompt_tokens, std::span<const int> output_tokens,
                              uint64_t draw_index, bool want_logprob,

@@ -46,6 +46,10 @@ class Sampler {
                       uint64_t draw_index, bool want_logprob,
                       const uint32_t* allowed_tokens = nullptr);
 
+  // Scores `token_id` under `logits` (the model's distribution, no sampling transform):
+  // its logprob and the `num_logprobs` most likely tokens'. For prompt logprobs.
+  SampleResult Score(std::span<const float> logits, int token_id, int num_logprobs);
+
   int vocab_size() const { return vocab_size_; }
 
  private:

@@ -108,13 +108,21 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   }
 
   void OnCancel() override {
-    uint64_t id = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
-      id = id_;
     }
-    if (id != 0) engine_->Cancel(id);
+    CancelAll();
+  }
+
+  // Cancels the request's choices in the engine (those it accepted).
+  void CancelAll() {
+    std::vector<uint64_t> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ids = ids_;
+    }
+    for (uint64_t id : ids) engine_->Cancel(id);
   }
 
   // The engine and gRPC both hold the stream: gRPC's reference ends here.
@@ -123,15 +131,16 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     self_.reset();
   }
 
-  // The engine accepted the request as `id`; a cancel that came first applies now.
-  void set_id(uint64_t id) {
+  // The engine accepted the request's choices as `ids`; a cancel that came first
+  // applies now.
+  void set_ids(std::vector<uint64_t> ids) {
     bool cancelled = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      id_ = id;
+      ids_ = std::move(ids);
       cancelled = cancelled_;
     }
-    if (cancelled) engine_->Cancel(id);
+    if (cancelled) CancelAll();
   }
   bool cancelled() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -148,7 +157,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   std::atomic<int>* const open_;
   std::shared_ptr<GenerateStream> self_;  // Keeps the stream alive until OnDone.
   std::mutex mu_;
-  uint64_t id_ = 0;                     // Guarded by mu_; 0 until submitted.
+  std::vector<uint64_t> ids_;           // Guarded by mu_; empty until submitted.
   bool cancelled_ = false;              // Guarded by mu_.
   std::deque<grpc::ByteBuffer> queue_;  // Front is being written while writing_.
   bool writing_ = false;
@@ -156,6 +165,61 @@ class GenerateStream final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool client_gone_ = false;
   grpc::Status final_status_;
   TokenAuthenticator::Grant grant_;  // Guarded by mu_; holds the client's slot until Finish.
+};
+
+// The n choices of one request into its stream (n > 1): each message names its choice;
+// the stream ends once every choice has, with the first error if one failed (the others
+// are cancelled then). The engine's delivery thread calls it.
+class ChoiceFanIn final : public std::enable_shared_from_this<ChoiceFanIn> {
+ public:
+  ChoiceFanIn(std::shared_ptr<GenerateStream> stream, int n)
+      : stream_(std::move(stream)), open_(n) {}
+
+  std::shared_ptr<ResponseSink> Sink(int index) {
+    class Choice final : public ResponseSink {
+     public:
+      Choice(std::shared_ptr<ChoiceFanIn> fan_in, int index)
+          : fan_in_(std::move(fan_in)), index_(index) {}
+      void Send(v1::GenerateResponse message) override {
+        message.set_index(index_);
+        fan_in_->Send(std::move(message));
+      }
+      void Finish(const absl::Status& status) override { fan_in_->Finish(status); }
+
+     private:
+      const std::shared_ptr<ChoiceFanIn> fan_in_;
+      const int index_;
+    };
+    return std::make_shared<Choice>(shared_from_this(), index);
+  }
+
+ private:
+  void Send(v1::GenerateResponse message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) stream_->Send(std::move(message));
+  }
+
+  void Finish(const absl::Status& status) {
+    bool cancel = false;
+    bool last = false;
+    absl::Status final_status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!status.ok() && status_.ok()) {
+        status_ = status;
+        cancel = true;
+      }
+      last = --open_ == 0;
+      final_status = status_;
+    }
+    if (cancel) stream_->CancelAll();
+    if (last) stream_->Finish(final_status);
+  }
+
+  const std::shared_ptr<GenerateStream> stream_;
+  std::mutex mu_;
+  int open_;             // Guarded by mu_: choices not finished yet.
+  absl::Status status_;  // Guarded by mu_: the first error.
 };
 
 // A stream that ends before reaching the engine.
@@ -269,24 +333,30 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ApiService::Generate(
       stream->Finish(absl::CancelledError("the client cancelled the request"));
       return;
     }
-    absl::StatusOr<std::unique_ptr<Request>> built = BuildRequest(*request, limits_, *tokenizer_);
+    absl::StatusOr<std::vector<std::unique_ptr<Request>>> built =
+        BuildChoices(*request, limits_, *tokenizer_);
     if (!built.ok()) {
       CountRejected(built.status().code());
       stream->Finish(built.status());
       return;
     }
-    std::unique_ptr<Request> r = std::move(*built);
-    if (deadline != std::chrono::system_clock::time_point::max()) {
-      r->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       deadline - std::chrono::system_clock::now());
+    const int n = static_cast<int>(built->size());
+    std::shared_ptr<ChoiceFanIn> fan_in =
+        n > 1 ? std::make_shared<ChoiceFanIn>(stream, n) : nullptr;
+    for (std::unique_ptr<Request>& r : *built) {
+      if (deadline != std::chrono::system_clock::time_point::max()) {
+        r->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                         deadline - std::chrono::system_clock::now());
+      }
+      r->sink = fan_in != nullptr ? fan_in->Sink(static_cast<int>(&r - built->data()))
+                                  : std::shared_ptr<ResponseSink>(stream);
     }
-    r->sink = stream;
-    absl::StatusOr<uint64_t> id = engine->Submit(std::move(r));
-    if (!id.ok()) {
-      CountRejected(id.status().code());
-      stream->Finish(id.status());
+    absl::StatusOr<std::vector<uint64_t>> ids = engine->SubmitChoices(*std::move(built));
+    if (!ids.ok()) {
+      CountRejected(ids.status().code());
+      stream->Finish(ids.status());
     } else {
-      stream->set_id(*id);
+      stream->set_ids(*std::move(ids));
     }
   });
   return stream.get();

@@ -112,6 +112,17 @@ bool BlockManager::EnsureCapacity(BlockTable& table, int num_tokens) {
   return true;
 }
 
+BlockTable BlockManager::Share(const BlockTable& source, int num_blocks) {
+  assert(num_blocks >= 0 && num_blocks <= source.num_blocks());
+  BlockTable table;
+  table.manager_ = this;
+  table.blocks_.assign(source.blocks_.begin(), source.blocks_.begin() + num_blocks);
+  for (int32_t block : table.blocks_) AddRef(block);
+  // Committed from the first block on when the table computes (CommitComputed finds the
+  // shared blocks cached already, or caches them).
+  return table;
+}
+
 int BlockManager::BlocksNeeded(const BlockTable& table, int num_tokens) const {
   assert(num_tokens >= 0);
   const int blocks_for_tokens = (num_tokens + block_size_ - 1) / block_size_;
@@ -133,8 +144,12 @@ void BlockManager::CommitComputed(BlockTable& table, std::span<const int32_t> to
     const uint64_t hash = hash_fn_(table.chain_hash_, block_tokens);
     const auto it = cached_blocks_.find(hash);
     uint64_t serial;
-    if (it != cached_blocks_.end() &&
-        CachedContentEquals(it->second, table.chain_serial_, block_tokens)) {
+    if (blocks_[block].serial != 0) {
+      // A shared block (BlockManager::Share) that the table it came from has cached.
+      assert(CachedContentEquals(block, table.chain_serial_, block_tokens));
+      serial = blocks_[block].serial;
+    } else if (it != cached_blocks_.end() &&
+               CachedContentEquals(it->second, table.chain_serial_, block_tokens)) {
       // Another sequence computed this content first; this copy stays private, and the
       // chain continues through the cached one so that later blocks can still be found.
       serial = blocks_[it->second].serial;

@@ -76,6 +76,12 @@ class BlockManager {
   // evictable. Never shrinks a table.
   bool EnsureCapacity(BlockTable& table, int num_tokens);
 
+  // A new table holding the first `num_blocks` blocks of `source` (which must have that
+  // many), each shared: their ref counts go up, and no sequence writes them again (a
+  // sequence only writes the KV of the tokens it computes, after the blocks it shares).
+  // How the n choices of one request share their prompt's blocks.
+  BlockTable Share(const BlockTable& source, int num_blocks);
+
   // Returns how many blocks EnsureCapacity(table, num_tokens) would take.
   int BlocksNeeded(const BlockTable& table, int num_tokens) const;
 

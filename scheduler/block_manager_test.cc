@@ -286,6 +286,53 @@ TEST_F(BlockManagerTest, CommitsOnlyComputedFullBlocks) {
   EXPECT_EQ(match.table.blocks(), table.blocks());
 }
 
+TEST_F(BlockManagerTest, SharedBlocksAreCountedOnceAndFreedWithTheirLastTable) {
+  for (const bool caching : {false, true}) {
+    SCOPED_TRACE(caching ? "prefix caching" : "no prefix caching");
+    BlockManager& manager = Make(16, 4, caching);
+    const std::vector<int32_t> prompt = Tokens(0, 10);  // Two full blocks and two tokens.
+    BlockTable leader;
+    ASSERT_TRUE(manager.EnsureCapacity(leader, 10));
+    manager.CommitComputed(leader, prompt, 10);
+    BlockTable shared = manager.Share(leader, 2);
+    EXPECT_THAT(shared.blocks(), ElementsAre(leader.blocks()[0], leader.blocks()[1]));
+    std::vector<BlockTable> choices;
+    for (int i = 0; i < 3; ++i) {
+      choices.push_back(manager.Share(shared, shared.num_blocks()));
+      // Each choice computes the prompt's last two tokens and a generated one into a block
+      // of its own.
+      ASSERT_TRUE(manager.EnsureCapacity(choices.back(), 11));
+      manager.CommitComputed(choices.back(), Concat(prompt, {100 + i}), 11);
+    }
+    EXPECT_EQ(manager.num_used_blocks(), 3 + 3);
+    EXPECT_EQ(manager.num_cached_blocks(), caching ? 2 : 0);
+    leader.Release();
+    shared.Release();
+    EXPECT_EQ(manager.num_used_blocks(), 2 + 3);  // The choices hold the prompt's blocks.
+    choices.clear();
+    EXPECT_EQ(manager.num_used_blocks(), 0);
+    // With caching, the prompt's blocks stay hittable.
+    EXPECT_EQ(manager.AcquirePrefix(prompt).num_cached_tokens, caching ? 8 : 0);
+  }
+}
+
+TEST_F(BlockManagerTest, SharedBlocksCommittedFirstByTheSharerStayOneCacheEntry) {
+  BlockManager& manager = Make(16, 4, true);
+  const std::vector<int32_t> prompt = Tokens(0, 9);
+  BlockTable leader;
+  ASSERT_TRUE(manager.EnsureCapacity(leader, 9));
+  BlockTable choice = manager.Share(leader, 2);
+  ASSERT_TRUE(manager.EnsureCapacity(choice, 9));
+  // The choice's answer arrives first: it caches the shared blocks, then the leader's
+  // commit finds them cached in its own blocks.
+  manager.CommitComputed(choice, prompt, 9);
+  manager.CommitComputed(leader, prompt, 9);
+  EXPECT_EQ(manager.num_cached_blocks(), 2);
+  BlockManager::PrefixMatch match = manager.AcquirePrefix(Concat(prompt, {5}));
+  EXPECT_EQ(match.num_cached_tokens, 8);
+  EXPECT_THAT(match.table.blocks(), ElementsAre(leader.blocks()[0], leader.blocks()[1]));
+}
+
 TEST_F(BlockManagerTest, DivergentSuffixSharesOnlyTheCommonBlocks) {
   BlockManager& manager = Make(8, 4, true);
   const std::vector<int32_t> a_prompt = Tokens(0, 13);

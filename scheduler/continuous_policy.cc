@@ -47,7 +47,7 @@ bool ContinuousPolicy::TryAdmit(RequestPool& pool, int* budget, StepPlan* plan) 
   Request* r = pool.NextToAdmit();
   if (r == nullptr) return false;
   BlockManager& blocks = pool.blocks();
-  BlockManager::PrefixMatch match = blocks.AcquirePrefix(r->tokens);
+  BlockManager::PrefixMatch match = pool.AcquirePrefix(*r);
   const int n = std::min(r->num_tokens() - match.num_cached_tokens, *budget);
   if (!blocks.EnsureCapacity(match.table, match.num_cached_tokens + n)) return false;
   r->blocks = std::move(match.table);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "scheduler/stream_messages.h"
 #include "spdlog/spdlog.h"
 
@@ -40,6 +41,14 @@ void Engine::Start() {
 }
 
 absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<Request> request) {
+  std::vector<std::unique_ptr<Request>> one;
+  one.push_back(std::move(request));
+  ASSIGN_OR_RETURN(std::vector<uint64_t> ids, SubmitChoices(std::move(one)));
+  return ids.front();
+}
+
+absl::StatusOr<std::vector<uint64_t>> Engine::SubmitChoices(
+    std::vector<std::unique_ptr<Request>> choices) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_ || draining_) {
     return absl::UnavailableError("the server is shutting down and accepts no new requests");
@@ -50,18 +59,34 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<Request> request) {
         std::chrono::duration_cast<std::chrono::seconds>(options_.worker_recovery_timeout).count(),
         " s; retry later"));
   }
-  if (live_requests_ - stats_.running >= options_.max_queue) {
+  const int n = static_cast<int>(choices.size());
+  if (live_requests_ - stats_.running + n > options_.max_queue) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("the waiting queue is full (", options_.max_queue, " requests); retry later"));
+        absl::StrCat("the waiting queue is full (", options_.max_queue, " requests",
+                     n > 1 ? ", each choice one" : "", "); retry later"));
   }
-  request->id = next_request_id_++;
-  if (request->request_id.empty()) request->request_id = absl::StrCat("req-", request->id);
-  request->arrival = Clock::now();
-  const uint64_t id = request->id;
-  inbox_.push_back(std::move(request));
-  ++live_requests_;
+  const Clock::time_point arrival = Clock::now();
+  std::shared_ptr<SharedPrompt> shared;
+  const int prompt_blocks = (choices.front()->num_prompt_tokens - 1) / options_.block_size;
+  if (n > 1 && prompt_blocks > 0 && choices.front()->prompt_logprobs < 0) {
+    shared = std::make_shared<SharedPrompt>();
+    shared->leader_id = next_request_id_;
+    shared->num_tokens = prompt_blocks * options_.block_size;
+  }
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < n; ++i) {
+    Request& r = *choices[i];
+    r.id = next_request_id_++;
+    if (r.request_id.empty()) r.request_id = absl::StrCat("req-", r.id);
+    r.arrival = arrival;
+    r.choice_index = i;
+    r.shared_prompt = shared;
+    ids.push_back(r.id);
+    inbox_.push_back(std::move(choices[i]));
+  }
+  live_requests_ += n;
   wake_.notify_one();
-  return id;
+  return ids;
 }
 
 void Engine::Cancel(uint64_t id) {
@@ -114,7 +139,11 @@ bool Engine::TakeInbox(bool wait, Clock::time_point wake_at) {
   for (std::unique_ptr<Request>& r : arrivals) {
     Request* raw = r.get();
     requests_[raw->id] = std::move(r);
-    pool_.AddWaiting(raw);
+    if (raw->shared_prompt != nullptr && raw->shared_prompt->leader_id != raw->id) {
+      parked_.push_back(raw);
+    } else {
+      pool_.AddWaiting(raw);
+    }
   }
   for (uint64_t id : cancels) {
     auto it = requests_.find(id);
@@ -137,6 +166,32 @@ void Engine::ExpireDeadlines(Clock::time_point now) {
             "the deadline passed after ", r->num_output_tokens(), " generated tokens",
             recovery_.active() ? " (while the model workers were recovering from a failure)" : "")),
         FinishReason::kDeadline, nullptr);
+  }
+}
+
+void Engine::ReleaseParked() {
+  std::erase_if(parked_, [&](Request* r) {
+    SharedPrompt& shared = *r->shared_prompt;
+    if (shared.table.num_blocks() == 0) {
+      const auto it = requests_.find(shared.leader_id);
+      const Request* leader = it == requests_.end() ? nullptr : it->second.get();
+      if (leader != nullptr && leader->num_computed < shared.num_tokens) {
+        // Waiting or computing: unless it ended, wait for it.
+        if (!leader->done) return false;
+      } else if (leader != nullptr) {
+        // Computed (or in a step in flight, which the workers run before any step that
+        // could use them).
+        shared.table = blocks_.Share(leader->blocks, shared.num_tokens / options_.block_size);
+      }
+    }
+    pool_.AddWaiting(r);
+    return true;
+  });
+}
+
+void Engine::DropSharedPrompts() {
+  for (auto& [id, r] : requests_) {
+    if (r->shared_prompt != nullptr) r->shared_prompt->table.Release();
   }
 }
 
@@ -169,6 +224,7 @@ void Engine::Loop() {
         continue;
       }
     }
+    ReleaseParked();
     bool launched = false;
     if (!pipeline_.full()) {
       StepPlan plan = policy_->Plan(pool_, start);
@@ -243,6 +299,9 @@ void Engine::Launch(const StepPlan& plan, Clock::time_point planned) {
   encoder_.Committed(plan);  // Before any of its requests can finish and be dropped.
   dispatcher_.Post();        // Cancellations and deadlines taken this iteration.
   pipeline_.Launch(plan, step, planned);
+  // A leader's prompt may be computed now (once this step runs): its choices can share
+  // it, even if it ends with this step's answer.
+  ReleaseParked();
 }
 
 void Engine::AttachDrafts(StepPlan& plan) {
@@ -360,6 +419,13 @@ void Engine::ApplyStep(const StepPipeline::Step& step, const worker::v1::StepRes
       blocks_.CommitComputed(r->blocks, r->tokens, s.num_computed_after);
     }
   }
+  // Before the tokens: the first one carries the scored prompt.
+  for (const worker::v1::PromptLogprob& scored : response.prompt_logprobs()) {
+    auto it = requests_.find(scored.seq_id());
+    if (it != requests_.end() && !it->second->done) {
+      AddPromptLogprob(*tokenizer_, *it->second, scored);
+    }
+  }
   counters_.prefill_tokens += step.prefill_tokens;
   if (metrics_ != nullptr) {
     metrics_->AddPrefillTokens(step.prefill_tokens);
@@ -469,6 +535,7 @@ void Engine::OnWorkerFailure(const absl::Status& status, const StepPipeline::Ste
     ++resumed;
   }
   if (metrics_ != nullptr) metrics_->AddResumed(resumed, recompute_tokens);
+  DropSharedPrompts();
   encoder_.ResetAll();
   recovery_.Begin(status);  // Unless a recovery is under way already.
 }
@@ -516,6 +583,11 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
   message.set_request_id(r->request_id);
   message.add_token_ids(token.token_id());
   if (r->num_logprobs > 0) AddTokenLogprobs(*tokenizer_, *r, token, &message);
+  if (first && r->prompt_logprobs >= 0) {
+    for (v1::TokenLogprobs& scored : r->scored_prompt)
+      *message.add_prompt_logprobs() = std::move(scored);
+    r->scored_prompt.clear();
+  }
 
   StopChecker::Verdict verdict = stop_checker_.Check(*r);
   message.set_text(std::move(verdict.text));
@@ -558,13 +630,14 @@ void Engine::Finish(Request* r, const absl::Status& status, FinishReason reason,
 void Engine::Retire(Request* r) {
   policy_->Forget(r);
   pool_.Remove(r);
+  std::erase(parked_, r);
   encoder_.Drop(r->id);
   requests_.erase(r->id);
 }
 
 void Engine::PublishStats() {
   const int running = static_cast<int>(pool_.running().size());
-  const int waiting = static_cast<int>(pool_.waiting().size());
+  const int waiting = static_cast<int>(pool_.waiting().size() + parked_.size());
   counters_.running = running;
   counters_.waiting = waiting;
   counters_.kv_blocks_used = blocks_.num_used_blocks();

@@ -131,6 +131,12 @@ class Engine {
   // on the request's sink gets exactly one Finish. Returns RESOURCE_EXHAUSTED if the
   // queue is full and UNAVAILABLE once draining or stopped; the sink is then untouched.
   absl::StatusOr<uint64_t> Submit(std::unique_ptr<Request> request);
+  // Queues the n choices of one request (built alike but for their seeds), all or none,
+  // as Submit does each; returns their ids in order. They share the prompt's KV blocks:
+  // the first computes the prompt, the others start from its full blocks
+  // (SharedPrompt).
+  absl::StatusOr<std::vector<uint64_t>> SubmitChoices(
+      std::vector<std::unique_ptr<Request>> choices);
 
   // Ends request `id` with CANCELLED at the next iteration and frees its blocks.
   void Cancel(uint64_t id);
@@ -153,6 +159,12 @@ class Engine {
   // Takes arrivals and cancellations; returns false when the loop must exit.
   bool TakeInbox(bool wait, Clock::time_point wake_at);
   void ExpireDeadlines(Clock::time_point now);
+  // Queues the choices that wait for their leader to compute the prompt they share, once
+  // it has (they take references on its blocks then), or once it cannot (it ended).
+  void ReleaseParked();
+  // Drops every choice group's reference on its prompt blocks (the workers' KV is gone or
+  // unknown); the choices start over like any request.
+  void DropSharedPrompts();
   // Records when each of plan's requests is scheduled for the first time.
   void MarkScheduled(const StepPlan& plan);
   // Sends `plan` as the next step. Its requests advance as if it had run: their computed
@@ -201,7 +213,8 @@ class Engine {
   BlockManager blocks_;
   RequestPool pool_;
   RequestTable requests_;
-  StepEncoder encoder_;  // What the workers hold; every step goes through it.
+  std::vector<Request*> parked_;  // Choices waiting for their leader (ReleaseParked).
+  StepEncoder encoder_;           // What the workers hold; every step goes through it.
   StepPipeline pipeline_;
   Clock::time_point last_step_done_;  // When the last step's answer was applied.
   ResponseDispatcher dispatcher_;     // Every message to a client goes through it.

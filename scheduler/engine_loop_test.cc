@@ -9,8 +9,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -318,6 +320,128 @@ TEST_P(EngineLoopTest, CancellingWhileTwoStepsRunLosesNothingElse) {
   ASSERT_TRUE(kept->WaitDone());
   EXPECT_TRUE(kept->status_.ok()) << kept->status_;
   EXPECT_THAT(kept->tokens_, ElementsAreArray(script));
+  EXPECT_TRUE(WaitStats([](const Engine::Stats& s) { return s.running == 0; }));
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+}
+
+// The n choices of one request (BuildChoices), submitted together.
+struct SubmittedChoices {
+  std::vector<uint64_t> ids;
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+};
+
+TEST_P(EngineLoopTest, ChoicesShareThePromptsFullBlocksAndSampleApart) {
+  MakeEngine(64);
+  v1::GenerateRequest proto;
+  const std::vector<int32_t> prompt = {1, 40, 41, 42, 43, 44, 45, 46, 47, 48};  // 2.5 blocks.
+  proto.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  proto.set_max_new_tokens(3);
+  proto.set_n(4);
+  proto.set_seed(100);
+  auto built = BuildChoices(proto, limits_, *tokenizer_);
+  ASSERT_TRUE(built.ok()) << built.status();
+  ASSERT_EQ(built->size(), 4u);
+  SubmittedChoices choices;
+  for (std::unique_ptr<Request>& r : *built) {
+    choices.sinks.push_back(std::make_shared<RecordingSink>());
+    r->sink = choices.sinks.back();
+  }
+  absl::StatusOr<std::vector<uint64_t>> ids = engine_->SubmitChoices(*std::move(built));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  std::vector<std::vector<int32_t>> scripts;
+  for (int i = 0; i < 4; ++i) {
+    scripts.push_back({ByteToken('a' + i), ByteToken('k' + i), ByteToken('u' + i)});
+    executor_.ScriptTokens((*ids)[i], scripts.back());
+  }
+  engine_->Start();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(choices.sinks[i]->WaitDone());
+    EXPECT_TRUE(choices.sinks[i]->status_.ok()) << choices.sinks[i]->status_;
+    EXPECT_THAT(choices.sinks[i]->tokens_, ElementsAreArray(scripts[i])) << "choice " << i;
+  }
+
+  // The first choice computes the whole prompt; the others start from its two full
+  // blocks and compute the rest (the prompt's partial block is each one's own).
+  std::map<uint64_t, worker::v1::NewSequence> started;
+  for (const worker::v1::StepRequest& step : executor_.requests()) {
+    for (const worker::v1::NewSequence& s : step.new_sequences()) started[s.seq_id()] = s;
+  }
+  ASSERT_EQ(started.size(), 4u);
+  const worker::v1::NewSequence& leader = started[(*ids)[0]];
+  EXPECT_EQ(leader.num_cached_tokens(), 0);
+  std::set<int32_t> own_blocks;
+  for (int i = 0; i < 4; ++i) {
+    const worker::v1::NewSequence& s = started[(*ids)[i]];
+    EXPECT_THAT(s.token_ids(), ElementsAreArray(prompt));
+    EXPECT_EQ(s.sampling().seed(), 100u + i);  // Choice i samples with seed + i.
+    ASSERT_GE(s.block_ids_size(), 3);
+    if (i > 0) {
+      EXPECT_EQ(s.num_cached_tokens(), 8) << "choice " << i;
+      EXPECT_EQ(s.block_ids(0), leader.block_ids(0));
+      EXPECT_EQ(s.block_ids(1), leader.block_ids(1));
+    }
+    EXPECT_TRUE(own_blocks.insert(s.block_ids(2)).second) << "choice " << i << " shares block 2";
+  }
+  EXPECT_TRUE(WaitStats([](const Engine::Stats& s) { return s.running == 0; }));
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+}
+
+TEST_P(EngineLoopTest, ChoicesWhoseFirstIsCancelledComputeThePromptThemselves) {
+  MakeEngine(64);
+  v1::GenerateRequest proto;
+  for (int32_t token : {1, 40, 41, 42, 43, 44, 45, 46, 47, 48}) {
+    proto.mutable_token_ids()->add_ids(token);
+  }
+  proto.set_max_new_tokens(2);
+  proto.set_n(3);
+  auto built = BuildChoices(proto, limits_, *tokenizer_);
+  ASSERT_TRUE(built.ok()) << built.status();
+  SubmittedChoices choices;
+  for (std::unique_ptr<Request>& r : *built) {
+    choices.sinks.push_back(std::make_shared<RecordingSink>());
+    r->sink = choices.sinks.back();
+  }
+  absl::StatusOr<std::vector<uint64_t>> ids = engine_->SubmitChoices(*std::move(built));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  engine_->Cancel((*ids)[0]);  // Before the loop runs: the others must not wait for it.
+  engine_->Start();
+  ASSERT_TRUE(choices.sinks[0]->WaitDone());
+  EXPECT_EQ(choices.sinks[0]->status_.code(), absl::StatusCode::kCancelled);
+  for (int i = 1; i < 3; ++i) {
+    ASSERT_TRUE(choices.sinks[i]->WaitDone());
+    EXPECT_TRUE(choices.sinks[i]->status_.ok()) << choices.sinks[i]->status_;
+    EXPECT_EQ(choices.sinks[i]->tokens_.size(), 2u);
+  }
+  EXPECT_TRUE(WaitStats([](const Engine::Stats& s) { return s.running == 0; }));
+  EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
+}
+
+TEST_P(EngineLoopTest, CancellingEveryChoiceFreesEveryBlock) {
+  MakeEngine(512);
+  executor_.set_step_delay(2ms);
+  v1::GenerateRequest proto;
+  for (int32_t token : {1, 40, 41, 42, 43, 44, 45, 46, 47, 48}) {
+    proto.mutable_token_ids()->add_ids(token);
+  }
+  proto.set_max_new_tokens(400);
+  proto.set_ignore_eos(true);
+  proto.set_n(5);
+  auto built = BuildChoices(proto, limits_, *tokenizer_);
+  ASSERT_TRUE(built.ok()) << built.status();
+  SubmittedChoices choices;
+  for (std::unique_ptr<Request>& r : *built) {
+    choices.sinks.push_back(std::make_shared<RecordingSink>());
+    r->sink = choices.sinks.back();
+  }
+  absl::StatusOr<std::vector<uint64_t>> ids = engine_->SubmitChoices(*std::move(built));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  engine_->Start();
+  ASSERT_TRUE(WaitStats([](const Engine::Stats& s) { return s.running == 5; }));
+  for (uint64_t id : *ids) engine_->Cancel(id);
+  for (const std::shared_ptr<RecordingSink>& sink : choices.sinks) {
+    ASSERT_TRUE(sink->WaitDone());
+    EXPECT_EQ(sink->status_.code(), absl::StatusCode::kCancelled);
+  }
   EXPECT_TRUE(WaitStats([](const Engine::Stats& s) { return s.running == 0; }));
   EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
 }

@@ -33,6 +33,18 @@ class ResponseSink {
   virtual void Finish(const absl::Status& status) = 0;
 };
 
+// The prompt's KV blocks that the n choices of one request share (n > 1). The first
+// choice (the leader) computes the prompt; the others wait, out of the queue, until it has
+// computed the prompt's full blocks, take references on them (`table`) and compute only
+// the rest: the prompt's last partial block is recomputed by each choice, not copied
+// (docs/http-api.md, "n choices"). Owned by the choices; `table` is released on a worker
+// failure, after which the choices start over like any request.
+struct SharedPrompt {
+  uint64_t leader_id = 0;
+  int num_tokens = 0;  // The prompt's full blocks, leaving at least one token to compute.
+  BlockTable table;    // Empty until the leader has computed them.
+};
+
 struct Request {
   // Assigned by the engine; also the sequence id on the workers.
   uint64_t id = 0;
@@ -55,7 +67,15 @@ struct Request {
   std::vector<int32_t> eos_token_ids;
   std::vector<int32_t> stop_token_ids;
   int num_logprobs = 0;
+  // Prompt scoring (GenerateRequest.prompt_logprobs; -1: off): the alternatives per
+  // token, and the prompt tokens scored so far, sent with the first generated token.
+  int prompt_logprobs = -1;
+  std::vector<v1::TokenLogprobs> scored_prompt;
   int priority = 0;
+  // Which of the request's n choices this is (GenerateResponse.index), and what it shares
+  // with the others (null when n = 1).
+  int choice_index = 0;
+  std::shared_ptr<SharedPrompt> shared_prompt;
   FrontEnd front_end = FrontEnd::kGrpc;  // Where it came in (the metrics' `api` label).
 
   Clock::time_point arrival;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
 #include "rpc/sampling_params_wire.h"
 #include "scheduler/output_constraint.h"
 
@@ -162,6 +163,17 @@ absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest&
   }
   if (!p.ignore_eos()) r->eos_token_ids = limits.eos_token_ids;
   r->num_logprobs = p.logprobs();
+  if (p.has_prompt_logprobs()) {
+    if (p.prompt_logprobs() < 0 || p.prompt_logprobs() > limits.max_logprobs) {
+      return Invalid(absl::StrCat("prompt_logprobs must be in [0, ", limits.max_logprobs, "], got ",
+                                  p.prompt_logprobs()));
+    }
+    r->prompt_logprobs = p.prompt_logprobs();
+    // The first token's entry: nothing before it to score it by.
+    v1::TokenLogprob* first = r->scored_prompt.emplace_back().mutable_token();
+    first->set_token_id(r->tokens[0]);
+    first->set_text(ValidUtf8(tokenizer.Decode({r->tokens[0]})));
+  }
   r->priority = p.priority();
   r->request_id = p.request_id();
 
@@ -171,6 +183,31 @@ absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest&
       &tokenizer, std::span<const int>(r->tokens.data(), r->num_prompt_tokens));
   r->stop_matcher = std::make_unique<StopMatcher>(std::move(stops));
   return r;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Request>>> BuildChoices(const v1::GenerateRequest& p,
+                                                                   const ServingLimits& limits,
+                                                                   const Tokenizer& tokenizer) {
+  const int n = p.has_n() ? p.n() : 1;
+  if (n < 1 || n > kMaxChoices) {
+    return Invalid(absl::StrCat("n must be in [1, ", kMaxChoices, "], got ", n));
+  }
+  std::vector<std::unique_ptr<Request>> choices;
+  ASSIGN_OR_RETURN(choices.emplace_back(), BuildRequest(p, limits, tokenizer));
+  const Request& first = *choices.front();
+  if (n == 1) return choices;
+  // The other choices from the first one's tokens (no second tokenization) and grammar
+  // (no second compilation).
+  v1::GenerateRequest other = p;
+  other.clear_constraint();
+  other.clear_add_bos();
+  other.mutable_token_ids()->mutable_ids()->Assign(first.tokens.begin(), first.tokens.end());
+  for (int i = 1; i < n; ++i) {
+    other.set_seed(first.sampling.seed() + static_cast<uint64_t>(i));
+    ASSIGN_OR_RETURN(choices.emplace_back(), BuildRequest(other, limits, tokenizer));
+    choices.back()->grammar = first.grammar;
+  }
+  return choices;
 }
 
 }  // namespace conveyor::scheduler

@@ -43,4 +43,13 @@ absl::StatusOr<std::unique_ptr<Request>> BuildRequest(const v1::GenerateRequest&
                                                       const ServingLimits& limits,
                                                       const Tokenizer& tokenizer);
 
+// Most choices one request may ask for (GenerateRequest.n).
+inline constexpr int kMaxChoices = 128;
+
+// As BuildRequest, for each of the request's n choices: the same prompt and parameters;
+// choice i samples with the first's seed + i.
+absl::StatusOr<std::vector<std::unique_ptr<Request>>> BuildChoices(const v1::GenerateRequest& proto,
+                                                                   const ServingLimits& limits,
+                                                                   const Tokenizer& tokenizer);
+
 }  // namespace conveyor::scheduler

@@ -40,6 +40,19 @@ void RequestPool::Requeue(Request* r) {
   AddWaiting(r);
 }
 
+BlockManager::PrefixMatch RequestPool::AcquirePrefix(const Request& r) {
+  // A scored prompt is computed whole: cached tokens have no logits.
+  if (r.prompt_logprobs >= 0 && r.num_output_tokens() == 0) return blocks_->AcquirePrefix({});
+  BlockManager::PrefixMatch match = blocks_->AcquirePrefix(r.tokens);
+  const SharedPrompt* shared = r.shared_prompt.get();
+  if (shared != nullptr &&
+      shared->table.num_blocks() * blocks_->block_size() > match.num_cached_tokens) {
+    match.table = blocks_->Share(shared->table, shared->table.num_blocks());
+    match.num_cached_tokens = shared->num_tokens;
+  }
+  return match;
+}
+
 void RequestPool::Remove(Request* r) {
   if (auto it = std::find(running_.begin(), running_.end(), r); it != running_.end()) {
     running_.erase(it);

@@ -25,6 +25,9 @@ class RequestPool {
   // flight the engine applies that answer before it plans again; this keeps the
   // invariant whatever the loop does.)
   Request* NextToAdmit() const;
+  // The KV blocks `r` can start from: its choices' shared prompt blocks (SharedPrompt), or
+  // the prefix cache's longest match, whichever holds more.
+  BlockManager::PrefixMatch AcquirePrefix(const Request& r);
   // Moves the head of the waiting queue to running. Its blocks must already be set.
   void AdmitFront();
   // Frees r's blocks and puts it back at the front of its priority among the waiting:

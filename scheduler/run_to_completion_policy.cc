@@ -27,7 +27,7 @@ void RunToCompletionPolicy::FormBatch(RequestPool& pool) {
   }
   Request* r = nullptr;
   while (static_cast<int>(batch_.size()) < BatchCap() && (r = pool.NextToAdmit()) != nullptr) {
-    BlockManager::PrefixMatch match = blocks.AcquirePrefix(r->tokens);
+    BlockManager::PrefixMatch match = pool.AcquirePrefix(*r);
     const int padded = std::min(r->num_prompt_tokens + batch_max_new, limits_.max_context_tokens);
     // A batch's first member always fits unpadded (requests larger than the cache are
     // refused at admission), so a batch can always form.

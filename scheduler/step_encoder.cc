@@ -32,6 +32,10 @@ worker::v1::StepRequest StepEncoder::Encode(const StepPlan& plan) {
       seq->mutable_block_ids()->Add(blocks.begin(), blocks.end());
       *seq->mutable_sampling() = r->sampling;
       if (r->grammar != nullptr) seq->set_grammar(*r->grammar);
+      // Scored until its first token is out (which carries the scores).
+      if (r->prompt_logprobs >= 0 && r->num_output_tokens() == 0 && r->num_computed == 0) {
+        seq->set_prompt_logprobs(r->prompt_logprobs);
+      }
     } else {
       worker::v1::RunningSequence* seq = step.add_running();
       seq->set_seq_id(r->id);

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "common/utf8.h"
@@ -34,17 +35,22 @@ v1::FinishReason WireFinishReason(FinishReason reason) {
 
 }  // namespace
 
-void AddTokenLogprobs(const Tokenizer& tokenizer, const Request& r,
-                      const worker::v1::SampledToken& token, v1::GenerateResponse* message) {
+namespace {
+
+// Fills `lp` for `token_id` (and its alternatives) following the tokens `before`.
+template <typename Alternatives>
+void FillTokenLogprobs(const Tokenizer& tokenizer, std::span<const int32_t> before_tokens,
+                       int32_t token_id, float logprob, const Alternatives& alternatives,
+                       v1::TokenLogprobs* lp) {
   // The anchor: the latest of the last few tokens before this one whose text is complete.
   std::optional<int32_t> anchor;
   std::string before;
-  const size_t known = r.num_known_tokens();
+  const size_t known = before_tokens.size() + 1;
   for (size_t k = known - 1; k-- > 0 && known - k <= kLogprobAnchorTokens;) {
-    before = tokenizer.Decode({r.tokens[k]});
+    before = tokenizer.Decode({before_tokens[k]});
     if (!before.empty() && ValidUtf8(before) == before &&
         before.find("\xEF\xBF\xBD") == std::string::npos) {
-      anchor = r.tokens[k];
+      anchor = before_tokens[k];
       break;
     }
   }
@@ -54,16 +60,36 @@ void AddTokenLogprobs(const Tokenizer& tokenizer, const Request& r,
     if (both.compare(0, before.size(), before) == 0) both.erase(0, before.size());
     return ValidUtf8(both);
   };
-  v1::TokenLogprobs* lp = message->add_logprobs();
-  lp->mutable_token()->set_token_id(token.token_id());
-  lp->mutable_token()->set_text(text_in_stream(token.token_id()));
-  lp->mutable_token()->set_logprob(token.logprob());
-  for (const worker::v1::TokenLogprob& alt : token.top_logprobs()) {
+  lp->mutable_token()->set_token_id(token_id);
+  lp->mutable_token()->set_text(text_in_stream(token_id));
+  lp->mutable_token()->set_logprob(logprob);
+  for (const worker::v1::TokenLogprob& alt : alternatives) {
     v1::TokenLogprob* t = lp->add_top();
     t->set_token_id(alt.token_id());
     t->set_text(text_in_stream(alt.token_id()));
     t->set_logprob(alt.logprob());
   }
+}
+
+}  // namespace
+
+void AddTokenLogprobs(const Tokenizer& tokenizer, const Request& r,
+                      const worker::v1::SampledToken& token, v1::GenerateResponse* message) {
+  const std::span<const int32_t> before(r.tokens.data(), r.num_known_tokens() - 1);
+  FillTokenLogprobs(tokenizer, before, token.token_id(), token.logprob(), token.top_logprobs(),
+                    message->add_logprobs());
+}
+
+void AddPromptLogprob(const Tokenizer& tokenizer, Request& r,
+                      const worker::v1::PromptLogprob& scored) {
+  // A recomputed prompt (after a preemption) scores its tokens again: kept once.
+  if (scored.position() != static_cast<int>(r.scored_prompt.size()) ||
+      scored.position() >= r.num_prompt_tokens) {
+    return;
+  }
+  const std::span<const int32_t> before(r.tokens.data(), scored.position());
+  FillTokenLogprobs(tokenizer, before, scored.token_id(), scored.logprob(), scored.top_logprobs(),
+                    &r.scored_prompt.emplace_back());
 }
 
 void CompleteFinalMessage(const Request& r, FinishReason reason, Clock::time_point now,

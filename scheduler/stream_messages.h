@@ -19,6 +19,12 @@ namespace conveyor::scheduler {
 void AddTokenLogprobs(const Tokenizer& tokenizer, const Request& r,
                       const worker::v1::SampledToken& token, v1::GenerateResponse* message);
 
+// Adds the scored prompt token `scored` to r.scored_prompt (GenerateResponse.prompt_logprobs),
+// with texts as AddTokenLogprobs's (the request builder added the first prompt token's entry,
+// which has no logprob). Tokens scored again (a recomputed prompt) are kept once.
+void AddPromptLogprob(const Tokenizer& tokenizer, Request& r,
+                      const worker::v1::PromptLogprob& scored);
+
 // Completes the final message of a request that ended well (`reason` is kLength, kEos or
 // kStop): the reason on the wire and the usage, timed up to `now`.
 void CompleteFinalMessage(const Request& r, FinishReason reason, Clock::time_point now,

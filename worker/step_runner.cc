@@ -303,6 +303,16 @@ absl::Status StepRunner::Validate(const v1::StepRequest& request,
                                         ", outside the vocabulary [0, ", config.vocab_size, ")"));
       }
     }
+    if (n.has_prompt_logprobs()) {
+      if (n.prompt_logprobs() < 0 || n.prompt_logprobs() > options_.max_logprobs) {
+        return Invalid(id, absl::StrCat("prompt_logprobs must be in [0, ", options_.max_logprobs,
+                                        "], got ", n.prompt_logprobs()));
+      }
+      if (n.num_cached_tokens() > 0) {
+        return Invalid(id,
+                       "a sequence that scores its prompt (prompt_logprobs) has no cached tokens");
+      }
+    }
     RETURN_IF_ERROR(ValidateBlocks(n.block_ids(), "block_ids", id));
     RETURN_IF_ERROR(CheckProposals(id, n.num_tokens_to_propose()));
     RETURN_IF_ERROR(check_capacity(id, n.num_cached_tokens(), n.num_tokens(), n.token_ids_size(),
@@ -332,6 +342,8 @@ void StepRunner::BuildBatch(const std::vector<Scheduled>& scheduled) {
   const int block_size = cache_->block_size();
   batch_.Clear();
   sampling_seqs_.clear();
+  scored_positions_.clear();
+  std::vector<int32_t> scored_rows;
   size_t max_blocks = 1;
   for (const Scheduled& s : scheduled) {
     max_blocks = std::max(max_blocks, sequences_.at(s.seq_id).block_table.size());
@@ -344,6 +356,11 @@ void StepRunner::BuildBatch(const std::vector<Scheduled>& scheduled) {
     std::copy(seq.block_table.begin(), seq.block_table.end(),
               batch_.block_tables.begin() + i * max_blocks);
     for (int pos = seq.num_computed; pos < seq.num_computed + scheduled[i].num_tokens; ++pos) {
+      // A scored prompt: the row of each position whose successor is a prompt token.
+      if (seq.prompt_logprobs >= 0 && pos + 1 < seq.num_prompt_tokens) {
+        scored_rows.push_back(batch_.num_tokens());
+        scored_positions_.emplace_back(scheduled[i].seq_id, pos);
+      }
       batch_.token_ids.push_back(seq.tokens[pos]);
       batch_.token_seq.push_back(static_cast<int32_t>(i));
       batch_.token_pos.push_back(pos);
@@ -358,6 +375,7 @@ void StepRunner::BuildBatch(const std::vector<Scheduled>& scheduled) {
       sampling_seqs_.push_back(scheduled[i].seq_id);
     }
   }
+  batch_.logit_rows.insert(batch_.logit_rows.end(), scored_rows.begin(), scored_rows.end());
 }
 
 absl::Status StepRunner::CheckOrder(const v1::StepRequest& request) const {
@@ -586,6 +604,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
       seq.matcher = std::move(s.matcher);
       seq.masks = std::move(s.masks);
       seq.num_to_propose = s.new_seq->num_tokens_to_propose();
+      if (s.new_seq->has_prompt_logprobs()) seq.prompt_logprobs = s.new_seq->prompt_logprobs();
       AddSequence(s.seq_id, std::move(seq));
     } else {
       const auto& added = s.running->new_block_ids();
@@ -610,8 +629,9 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
         const Sequence& seq = sequences_.at(id);
         return seq.matcher != nullptr || seq.num_drafts > 0 || !seq.sampling.logit_bias.empty();
       });
-  const bool on_device =
-      device_sampler_ != nullptr && rows <= device_sampler_->max_rows() && !host_only;
+  // Scored prompt rows are read on the host.
+  const bool on_device = device_sampler_ != nullptr && rows <= device_sampler_->max_rows() &&
+                         !host_only && scored_positions_.empty();
   const auto forward_start = std::chrono::steady_clock::now();
   double forward_ms = 0;
   absl::Status forward;
@@ -673,6 +693,25 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
     // K/V is good up to the last kept draft; the slots after it are written again later.
     seq.num_computed -= seq.num_drafts - kept;
     seq.num_drafts = 0;
+  }
+  if (options_.tp_rank == 0) {
+    for (size_t k = 0; k < scored_positions_.size(); ++k) {
+      const auto [seq_id, pos] = scored_positions_[k];
+      const Sequence& seq = sequences_.at(seq_id);
+      const std::span<const float> logits(logits_.data() + (first_row + k) * vocab, vocab);
+      const model::SampleResult scored =
+          sampler_.Score(logits, seq.tokens[pos + 1], seq.prompt_logprobs);
+      v1::PromptLogprob* out = response->add_prompt_logprobs();
+      out->set_seq_id(seq_id);
+      out->set_position(pos + 1);
+      out->set_token_id(scored.token_id);
+      out->set_logprob(scored.logprob);
+      for (const model::TokenLogprob& alt : scored.top_logprobs) {
+        v1::TokenLogprob* t = out->add_top_logprobs();
+        t->set_token_id(alt.token_id);
+        t->set_logprob(alt.logprob);
+      }
+    }
   }
   const double sample_ms = MillisSince(sample_start);
   double propose_ms = 0;

@@ -113,6 +113,8 @@ class StepRunner {
     std::vector<int32_t> draft_tail;
     // Proposals asked for in the step that runs (num_tokens_to_propose).
     int num_to_propose = 0;
+    // NewSequence.prompt_logprobs (-1: the prompt is not scored).
+    int prompt_logprobs = -1;
     std::vector<int32_t> block_table;
     model::SamplingParams sampling;
     // Structured output: where the output stands in its grammar, and the grammar's
@@ -193,6 +195,9 @@ class StepRunner {
   model::ForwardBatch batch_;
   // Sequences that sample, in logit-row order: 1 + num_drafts rows each.
   std::vector<uint64_t> sampling_seqs_;
+  // Prompt positions scored (NewSequence.prompt_logprobs), after the sampling rows in
+  // logit-row order: the sequence and the position whose successor is scored.
+  std::vector<std::pair<uint64_t, int>> scored_positions_;
   std::vector<float> logits_;  // [rows, vocab] when sampled on the host.
   std::vector<model::RowToSample> rows_to_sample_;
   std::vector<model::SampleResult> sampled_;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "scheduler/front_end.h"
+#include "scheduler/http/responses_api.h"
 #include "scheduler/http/tls_identity.h"
 #include "spdlog/spdlog.h"
 #include "text/gguf_tokenizer.h"
@@ -28,7 +29,16 @@ constexpr char kJsonType[] = "application/json; charset=utf-8";
 constexpr size_t kTrimAfterBodyBytes = 1 << 20;
 constexpr std::string_view kModelPrefix = "/v1/models/";
 
-enum class Route { kHealth, kModels, kModel, kCompletions, kChatCompletions, kUnknown };
+enum class Route {
+  kHealth,
+  kModels,
+  kModel,
+  kCompletions,
+  kChatCompletions,
+  kResponses,
+  kMessages,
+  kUnknown
+};
 
 Route Resolve(std::string_view path) {
   if (path == "/health") return Route::kHealth;
@@ -38,17 +48,41 @@ Route Resolve(std::string_view path) {
   }
   if (path == "/v1/completions") return Route::kCompletions;
   if (path == "/v1/chat/completions") return Route::kChatCompletions;
+  if (path == "/v1/responses") return Route::kResponses;
+  if (path == "/v1/messages") return Route::kMessages;
   return Route::kUnknown;
 }
 
-absl::string_view MethodFor(Route route) {
-  return route == Route::kCompletions || route == Route::kChatCompletions ? "POST" : "GET";
+bool Generates(Route route) {
+  return route == Route::kCompletions || route == Route::kChatCompletions ||
+         route == Route::kResponses || route == Route::kMessages;
+}
+
+absl::string_view MethodFor(Route route) { return Generates(route) ? "POST" : "GET"; }
+
+Endpoint EndpointFor(Route route) {
+  switch (route) {
+    case Route::kChatCompletions:
+      return Endpoint::kChatCompletions;
+    case Route::kResponses:
+      return Endpoint::kResponses;
+    case Route::kMessages:
+      return Endpoint::kMessages;
+    default:
+      return Endpoint::kCompletions;
+  }
 }
 
 HttpResponse Json200(std::string body) { return {200, kJsonType, std::move(body), {}}; }
 
-HttpResponse ErrorResponse(const absl::Status& status) {
-  HttpResponse response{openai::HttpStatusFor(status), kJsonType, openai::ErrorBody(status), {}};
+// The error in the shape of the endpoint's API (Anthropic's for /v1/messages).
+HttpResponse ErrorResponse(const absl::Status& status,
+                           Endpoint endpoint = Endpoint::kChatCompletions) {
+  HttpResponse response{openai::HttpStatusFor(status),
+                        kJsonType,
+                        endpoint == Endpoint::kMessages ? openai::MessagesErrorBody(status)
+                                                        : openai::ErrorBody(status),
+                        {}};
   if (absl::IsUnauthenticated(status)) response.headers.emplace_back("WWW-Authenticate", "Bearer");
   return response;
 }
@@ -113,68 +147,93 @@ struct Continuation {
 };
 
 // One request's answer on its way from the engine to its connection. The engine calls
-// Send and Finish (through the PhaseSink of the generation that runs) on its delivery
-// thread and must never wait: both only queue, and the first event of a batch asks the
-// connection (HttpExchange::Post) to run Drain, which formats everything queued by then
-// into one write. Nothing is drained before Begin (the request was admitted and the answer
-// may start), so an early token cannot overtake the stream's opening. A reasoning budget
-// may make the answer two generations (phases); the client sees one.
+// Send and Finish (through the sink of the choice and generation that runs) on its
+// delivery thread and must never wait: both only queue, and the first event of a batch
+// asks the connection (HttpExchange::Post) to run Drain, which formats everything queued
+// by then into one write. Nothing is drained before Begin (the request was admitted and
+// the answer may start), so an early token cannot overtake the stream's opening.
+//
+// With n > 1 the answer has n choices, each a generation of its own; it ends once every
+// choice has (a stream's usage chunk and [DONE] come then), or at the first error (the
+// other choices are cancelled). A reasoning budget may make a choice two generations
+// (phases); the client sees one.
 class GenerationSink final : public std::enable_shared_from_this<GenerationSink> {
  public:
-  GenerationSink(std::shared_ptr<HttpExchange> exchange, openai::ResponseFormatter formatter,
-                 bool stream, std::shared_ptr<TokenAuthenticator::Grant> grant,
+  GenerationSink(std::shared_ptr<HttpExchange> exchange, Endpoint endpoint,
+                 std::vector<std::unique_ptr<openai::AnswerFormatter>> formatters, bool stream,
+                 std::shared_ptr<TokenAuthenticator::Grant> grant,
                  std::optional<Continuation> continuation)
       : exchange_(std::move(exchange)),
-        formatter_(std::move(formatter)),
+        endpoint_(endpoint),
         stream_(stream),
         grant_(std::move(grant)),
-        continuation_(std::move(continuation)) {}
+        continuation_(std::move(continuation)) {
+    for (std::unique_ptr<openai::AnswerFormatter>& formatter : formatters) {
+      choices_.push_back(Choice{.formatter = std::move(formatter)});
+    }
+  }
 
-  // The engine's sink for generation `phase` of this answer.
-  std::shared_ptr<ResponseSink> PhaseSink(int phase) {
+  // The engine's sink for generation `phase` of choice `index`.
+  std::shared_ptr<ResponseSink> ChoiceSink(int index, int phase) {
     class Sink final : public ResponseSink {
      public:
-      Sink(std::shared_ptr<GenerationSink> answer, int phase)
-          : answer_(std::move(answer)), phase_(phase) {}
+      Sink(std::shared_ptr<GenerationSink> answer, int index, int phase)
+          : answer_(std::move(answer)), index_(index), phase_(phase) {}
       void Send(v1::GenerateResponse message) override {
-        answer_->Queue({phase_, std::move(message), std::nullopt});
+        answer_->Queue({index_, phase_, std::move(message), std::nullopt});
       }
       void Finish(const absl::Status& status) override {
-        answer_->Queue({phase_, std::nullopt, status});
+        answer_->Queue({index_, phase_, std::nullopt, status});
       }
 
      private:
       const std::shared_ptr<GenerationSink> answer_;
+      const int index_;
       const int phase_;
     };
-    return std::make_shared<Sink>(shared_from_this(), phase);
+    return std::make_shared<Sink>(shared_from_this(), index, phase);
   }
 
-  // The engine accepted the request (as `engine_id`): the answer may start.
-  void Begin(uint64_t engine_id) {
+  // The engine accepted the choices (as `engine_ids`): the answer may start.
+  void Begin(Engine* engine, const std::vector<uint64_t>& engine_ids) {
     std::lock_guard<std::mutex> lock(mu_);
-    engine_id_ = engine_id;
+    engine_ = engine;
+    engine_ids_ = engine_ids;
     begun_ = true;
     ScheduleLocked();
   }
 
-  // The client left: cancels the generation that runs (and any that would follow).
-  void Cancel(Engine* engine) {
-    uint64_t id = 0;
+  // The client left: cancels the generations that run (and any that would follow).
+  void Cancel() {
+    std::vector<uint64_t> ids;
+    Engine* engine = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       client_gone_ = true;
-      id = engine_id_;
+      ids = engine_ids_;
+      engine = engine_;
     }
-    engine->Cancel(id);
+    for (uint64_t id : ids) engine->Cancel(id);
   }
 
  private:
-  // A message or the end of generation `phase`.
+  // A message or the end of generation `phase` of choice `index`.
   struct Event {
+    int index;
     int phase;
     std::optional<v1::GenerateResponse> message;
     std::optional<absl::Status> finish;
+  };
+
+  // Drain's alone (one Drain runs at a time, on the connection's context).
+  struct Choice {
+    std::unique_ptr<openai::AnswerFormatter> formatter;
+    int phase = 0;  // The generation whose events count.
+    bool ended = false;
+    std::vector<int32_t> generated;  // The first generation's tokens (and the end text's).
+    int added_tokens = 0;            // The end text's tokens.
+    v1::Usage first_usage;
+    v1::Usage usage;  // The whole choice's, once it ended.
   };
 
   void Queue(Event event) {
@@ -189,81 +248,108 @@ class GenerationSink final : public std::enable_shared_from_this<GenerationSink>
     exchange_->Post([self = shared_from_this()] { self->Drain(); });
   }
 
-  void Format(const v1::GenerateResponse& message, std::string* out) {
+  void Format(Choice& choice, const v1::GenerateResponse& message, std::string* out) {
     if (stream_) {
-      formatter_.AppendEvents(message, out);
+      choice.formatter->AppendEvents(message, out);
     } else {
-      formatter_.Add(message);
+      choice.formatter->Add(message);
     }
   }
 
-  // On the connection's context: the final message of the first generation, which ended
-  // at the reasoning budget. Formats it as a message that does not end the answer and
-  // starts the second generation; OK when the answer goes on (or ended here), else the
-  // error that ends it.
-  absl::Status Continue(v1::GenerateResponse message, std::string* out) {
+  // On the connection's context: the final message of choice `index`'s first generation,
+  // which ended at the reasoning budget. Formats it as a message that does not end the
+  // choice and starts the second generation; OK when the choice goes on (or ended here),
+  // else the error that ends the answer.
+  absl::Status Continue(int index, v1::GenerateResponse message, std::string* out) {
+    Choice& choice = choices_[index];
     Continuation& c = *continuation_;
-    first_usage_ = message.usage();
+    choice.first_usage = message.usage();
     message.clear_usage();
     message.set_finish_reason(v1::FINISH_REASON_UNSPECIFIED);
-    Format(message, out);
-    if (formatter_.reasoning_open()) {
+    Format(choice, message, out);
+    if (choice.formatter->reasoning_open()) {
       v1::GenerateResponse end;
       end.set_request_id(message.request_id());
       end.set_text(std::string(openai::kReasoningEndText));
       end.mutable_token_ids()->Add(c.end_ids.begin(), c.end_ids.end());
-      Format(end, out);
-      generated_.insert(generated_.end(), c.end_ids.begin(), c.end_ids.end());
-      added_tokens_ = static_cast<int>(c.end_ids.size());
+      Format(choice, end, out);
+      choice.generated.insert(choice.generated.end(), c.end_ids.begin(), c.end_ids.end());
+      choice.added_tokens = static_cast<int>(c.end_ids.size());
     }
-    const int remaining = c.total_max_tokens - static_cast<int>(generated_.size());
-    absl::StatusOr<std::unique_ptr<Request>> built = absl::InternalError("");
-    if (remaining > 0) {
-      v1::GenerateRequest g = c.generate;
-      g.clear_text();
-      g.clear_add_bos();
-      g.mutable_token_ids()->mutable_ids()->Add(c.prompt.begin(), c.prompt.end());
-      g.mutable_token_ids()->mutable_ids()->Add(generated_.begin(), generated_.end());
-      g.set_max_new_tokens(remaining);
-      built = BuildRequest(g, c.limits, *c.tokenizer);
-    }
+    const int remaining = c.total_max_tokens - static_cast<int>(choice.generated.size());
     if (remaining <= 0) {
-      // The end text took the last of max_tokens: the answer ends here (with the first
+      // The end text took the last of max_tokens: the choice ends here (with the first
       // generation's Finish, still to come).
       v1::GenerateResponse last;
       last.set_request_id(message.request_id());
       last.set_finish_reason(v1::FINISH_REASON_LENGTH);
-      *last.mutable_usage() = SummedUsage(v1::Usage());
-      Format(last, out);
+      *last.mutable_usage() = SummedUsage(choice, v1::Usage());
+      Format(choice, last, out);
       return absl::OkStatus();
     }
-    if (!built.ok()) return built.status();
-    std::unique_ptr<Request> r = *std::move(built);
+    v1::GenerateRequest g = c.generate;
+    g.clear_text();
+    g.clear_add_bos();
+    g.clear_n();
+    // Choice i samples with seed + i (BuildChoices).
+    if (g.has_seed()) g.set_seed(g.seed() + static_cast<uint64_t>(index));
+    g.mutable_token_ids()->mutable_ids()->Add(c.prompt.begin(), c.prompt.end());
+    g.mutable_token_ids()->mutable_ids()->Add(choice.generated.begin(), choice.generated.end());
+    g.set_max_new_tokens(remaining);
+    ASSIGN_OR_RETURN(std::unique_ptr<Request> r, BuildRequest(g, c.limits, *c.tokenizer));
     r->request_id = c.request_id;
     r->front_end = FrontEnd::kHttp;
-    r->sink = PhaseSink(1);
-    absl::StatusOr<uint64_t> id = c.engine->Submit(std::move(r));
-    if (!id.ok()) return id.status();
+    r->sink = ChoiceSink(index, 1);
+    ASSIGN_OR_RETURN(const uint64_t id, c.engine->Submit(std::move(r)));
     bool gone = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      engine_id_ = *id;
+      engine_ids_[index] = id;
       gone = client_gone_;
     }
-    if (gone) c.engine->Cancel(*id);
-    phase_ = 1;
+    if (gone) c.engine->Cancel(id);
+    choice.phase = 1;
     return absl::OkStatus();
   }
 
-  // The answer's usage: the first generation's prompt, every generated token (and the
-  // end text's), `second`'s timings where it has them.
-  v1::Usage SummedUsage(const v1::Usage& second) const {
-    v1::Usage usage = first_usage_;
-    usage.set_generated_tokens(first_usage_.generated_tokens() + added_tokens_ +
+  // A continued choice's usage: the first generation's prompt, every generated token
+  // (and the end text's), `second`'s timings where it has them.
+  static v1::Usage SummedUsage(const Choice& choice, const v1::Usage& second) {
+    v1::Usage usage = choice.first_usage;
+    usage.set_generated_tokens(choice.first_usage.generated_tokens() + choice.added_tokens +
                                second.generated_tokens());
-    usage.set_e2e_latency_ms(std::max(first_usage_.e2e_latency_ms(), second.e2e_latency_ms()));
-    usage.set_preemptions(first_usage_.preemptions() + second.preemptions());
+    usage.set_e2e_latency_ms(
+        std::max(choice.first_usage.e2e_latency_ms(), second.e2e_latency_ms()));
+    usage.set_preemptions(choice.first_usage.preemptions() + second.preemptions());
     return usage;
+  }
+
+  // Applies one event of a choice that has not ended; false when it ends the answer with
+  // an error (in `status_`).
+  bool Apply(Event& event, std::string* out) {
+    Choice& choice = choices_[event.index];
+    if (event.finish.has_value()) {
+      choice.ended = true;
+      ++num_ended_;
+      if (event.finish->ok()) return true;
+      status_ = *event.finish;
+      return false;
+    }
+    v1::GenerateResponse& message = *event.message;
+    const bool final = message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+    if (continuation_.has_value() && choice.phase == 0) {
+      choice.generated.insert(choice.generated.end(), message.token_ids().begin(),
+                              message.token_ids().end());
+      if (final && message.finish_reason() == v1::FINISH_REASON_LENGTH &&
+          static_cast<int>(choice.generated.size()) < continuation_->total_max_tokens) {
+        status_ = Continue(event.index, std::move(message), out);
+        return status_.ok();
+      }
+    }
+    if (choice.phase == 1 && final) *message.mutable_usage() = SummedUsage(choice, message.usage());
+    if (final) choice.usage = message.usage();
+    Format(choice, message, out);
+    return true;
   }
 
   // On the connection's context.
@@ -278,42 +364,38 @@ class GenerationSink final : public std::enable_shared_from_this<GenerationSink>
     std::string out;
     if (stream_ && !opened_) {
       exchange_->StartStream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
-      formatter_.AppendStart(&out);
+      for (Choice& choice : choices_) choice.formatter->AppendStart(&out);
       opened_ = true;
     }
-    absl::Status status;
-    bool ended = false;
+    bool failed = false;
     for (Event& event : events) {
+      const Choice& choice = choices_[event.index];
       // A generation that was continued has nothing more to say (its Finish).
-      if (ended || event.phase != phase_) continue;
-      if (event.finish.has_value()) {
-        status = *event.finish;
-        ended = true;
-        continue;
+      if (choice.ended || event.phase != choice.phase) continue;
+      if (!Apply(event, &out)) {
+        failed = true;
+        break;
       }
-      v1::GenerateResponse& message = *event.message;
-      const bool final = message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
-      if (continuation_.has_value() && phase_ == 0) {
-        generated_.insert(generated_.end(), message.token_ids().begin(), message.token_ids().end());
-        if (final && message.finish_reason() == v1::FINISH_REASON_LENGTH &&
-            static_cast<int>(generated_.size()) < continuation_->total_max_tokens) {
-          status = Continue(std::move(message), &out);
-          ended = !status.ok();
-          continue;
-        }
-      }
-      if (phase_ == 1 && final) *message.mutable_usage() = SummedUsage(message.usage());
-      Format(message, &out);
     }
+    const bool ended = failed || num_ended_ == static_cast<int>(choices_.size());
+    if (failed) Cancel();  // The other choices are not wanted any more.
     if (stream_) {
+      if (ended && !failed) {
+        std::vector<v1::Usage> usage;
+        for (const Choice& choice : choices_) usage.push_back(choice.usage);
+        choices_.front().formatter->AppendEnd(openai::ResponseFormatter::SumUsage(usage), &out);
+      }
       // "data: {error}" then the end of the stream, with no [DONE]: how OpenAI's clients
       // learn of a failure after the 200 went out.
-      if (ended && !status.ok()) out += openai::ErrorEvent(status);
+      if (failed) out += choices_.front().formatter->ErrorEvents(status_);
       exchange_->Write(std::move(out));
       if (ended) exchange_->EndStream();
     } else if (ended) {
       // The whole answer is waited for, so its HTTP status can still say how it ended.
-      exchange_->Respond(status.ok() ? Json200(formatter_.Body()) : ErrorResponse(status));
+      std::vector<const openai::AnswerFormatter*> formatters;
+      for (const Choice& choice : choices_) formatters.push_back(choice.formatter.get());
+      exchange_->Respond(failed ? ErrorResponse(status_, endpoint_)
+                                : Json200(formatters.front()->WholeBody(formatters)));
     }
     if (ended) {
       done_ = true;
@@ -322,24 +404,24 @@ class GenerationSink final : public std::enable_shared_from_this<GenerationSink>
   }
 
   const std::shared_ptr<HttpExchange> exchange_;
-  // Drain's alone (one Drain runs at a time, on the connection's context).
-  openai::ResponseFormatter formatter_;
+  const Endpoint endpoint_;
   const bool stream_;
   const std::shared_ptr<TokenAuthenticator::Grant> grant_;
+  // Drain's alone.
   std::optional<Continuation> continuation_;
+  std::vector<Choice> choices_;
+  int num_ended_ = 0;
+  absl::Status status_;  // The error that ended the answer.
   bool opened_ = false;
   bool done_ = false;
-  int phase_ = 0;                   // The generation whose events count.
-  std::vector<int32_t> generated_;  // The first generation's tokens (and the end text's).
-  int added_tokens_ = 0;            // The end text's tokens.
-  v1::Usage first_usage_;
 
   std::mutex mu_;
   std::vector<Event> pending_;  // Guarded by mu_, as is everything below.
   bool begun_ = false;
   bool scheduled_ = false;
   bool client_gone_ = false;
-  uint64_t engine_id_ = 0;
+  Engine* engine_ = nullptr;
+  std::vector<uint64_t> engine_ids_;  // The generation each choice runs.
 };
 
 }  // namespace
@@ -515,23 +597,24 @@ void HttpServer::Handle(HttpRequest request, std::shared_ptr<HttpExchange> excha
     }
     case Route::kCompletions:
     case Route::kChatCompletions:
+    case Route::kResponses:
+    case Route::kMessages:
       break;
     case Route::kUnknown:
       return;  // CheckHead answered it.
   }
-  const Endpoint endpoint = Resolve(request.head().path) == Route::kChatCompletions
-                                ? Endpoint::kChatCompletions
-                                : Endpoint::kCompletions;
+  const Endpoint endpoint = EndpointFor(Resolve(request.head().path));
   // One of the token's concurrent-generation slots, held until the answer has ended.
   auto grant = std::make_shared<TokenAuthenticator::Grant>();
   if (authenticator_ != nullptr) {
     absl::StatusOr<TokenAuthenticator::Grant> admitted =
         authenticator_->Admit(request.head().authorization);
-    if (!admitted.ok()) return Reject(admitted.status(), *exchange);
+    if (!admitted.ok()) return Reject(admitted.status(), *exchange, endpoint);
     *grant = std::move(*admitted);
   }
   if (engine_.load() == nullptr) {
-    return Reject(absl::UnavailableError("no model worker is ready yet; retry shortly"), *exchange);
+    return Reject(absl::UnavailableError("no model worker is ready yet; retry shortly"), *exchange,
+                  endpoint);
   }
   // Parsing, the chat template and tokenizing take time in proportion to the body: off the
   // I/O threads.
@@ -550,45 +633,59 @@ void HttpServer::Generate(Endpoint endpoint, HttpRequest& request,
                           const std::shared_ptr<TokenAuthenticator::Grant>& grant) {
   Engine* engine = engine_.load();
   openai::ParsedRequest parsed;
-  absl::StatusOr<std::unique_ptr<Request>> built = openai::BuildOpenAiRequest(
+  absl::StatusOr<std::vector<std::unique_ptr<Request>>> built = openai::BuildOpenAiRequest(
       endpoint, request.body(), parse_options_, chat_, limits_, *tokenizer_, &parsed);
   request.ReleaseBody();
-  if (!built.ok()) return Reject(built.status(), *exchange);
+  if (!built.ok()) return Reject(built.status(), *exchange, endpoint);
+  std::vector<std::unique_ptr<Request>>& choices = *built;
 
-  const std::string id = absl::StrCat(
-      endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-", next_id_.fetch_add(1));
-  std::unique_ptr<Request> r = std::move(*built);
-  r->request_id = id;  // Names the request in the engine's log lines.
-  r->front_end = FrontEnd::kHttp;
+  const char* prefix = endpoint == Endpoint::kChatCompletions ? "chatcmpl-"
+                       : endpoint == Endpoint::kResponses     ? "resp_"
+                       : endpoint == Endpoint::kMessages      ? "msg_"
+                                                              : "cmpl-";
+  const std::string id = absl::StrCat(prefix, next_id_.fetch_add(1));
   std::optional<Continuation> continuation;
   if (parsed.reasoning_budget_tokens > 0) {
+    const Request& first = *choices.front();
     continuation.emplace();
     continuation->engine = engine;
     continuation->limits = limits_;
     continuation->tokenizer = tokenizer_;
     continuation->generate = std::move(parsed.generate);
-    continuation->prompt.assign(r->tokens.begin(), r->tokens.begin() + r->num_prompt_tokens);
+    continuation->prompt.assign(first.tokens.begin(),
+                                first.tokens.begin() + first.num_prompt_tokens);
     continuation->end_ids = reasoning_end_ids_;
     continuation->total_max_tokens = parsed.total_max_tokens;
     continuation->request_id = id;
   }
-  auto sink = std::make_shared<GenerationSink>(
-      exchange, openai::ResponseFormatter(parsed, id, UnixSeconds(), options_.model_name),
-      parsed.stream, grant, std::move(continuation));
-  r->sink = sink->PhaseSink(0);
-  absl::StatusOr<uint64_t> engine_id = engine->Submit(std::move(r));
-  if (!engine_id.ok()) return Reject(engine_id.status(), *exchange);
-  sink->Begin(*engine_id);
+  const int64_t created = UnixSeconds();
+  std::vector<std::unique_ptr<openai::AnswerFormatter>> formatters;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    formatters.push_back(openai::MakeAnswerFormatter(parsed, id, created, options_.model_name,
+                                                     static_cast<int>(i),
+                                                     choices.front()->num_prompt_tokens));
+  }
+  auto sink = std::make_shared<GenerationSink>(exchange, endpoint, std::move(formatters),
+                                               parsed.stream, grant, std::move(continuation));
+  for (size_t i = 0; i < choices.size(); ++i) {
+    choices[i]->request_id = id;  // Names the request in the engine's log lines.
+    choices[i]->front_end = FrontEnd::kHttp;
+    choices[i]->sink = sink->ChoiceSink(static_cast<int>(i), 0);
+  }
+  absl::StatusOr<std::vector<uint64_t>> engine_ids = engine->SubmitChoices(std::move(choices));
+  if (!engine_ids.ok()) return Reject(engine_ids.status(), *exchange, endpoint);
+  sink->Begin(engine, *engine_ids);
   // A client that leaves frees its request's KV blocks at the next step.
-  exchange->OnClientGone([engine, weak = std::weak_ptr<GenerationSink>(sink), grant] {
-    if (std::shared_ptr<GenerationSink> answer = weak.lock()) answer->Cancel(engine);
+  exchange->OnClientGone([weak = std::weak_ptr<GenerationSink>(sink), grant] {
+    if (std::shared_ptr<GenerationSink> answer = weak.lock()) answer->Cancel();
     grant->Release();
   });
 }
 
-void HttpServer::Reject(const absl::Status& status, HttpExchange& exchange) const {
+void HttpServer::Reject(const absl::Status& status, HttpExchange& exchange,
+                        Endpoint endpoint) const {
   if (metrics_ != nullptr) metrics_->CountRejected(status.code(), FrontEnd::kHttp);
-  exchange.Respond(ErrorResponse(status));
+  exchange.Respond(ErrorResponse(status, endpoint));
 }
 
 }  // namespace conveyor::scheduler

@@ -110,7 +110,9 @@ class HttpServer final : private HttpHandler {
                 const std::shared_ptr<HttpExchange>& exchange,
                 const std::shared_ptr<TokenAuthenticator::Grant>& grant);
   // The error answer for `status`, counted as a rejected HTTP request.
-  void Reject(const absl::Status& status, HttpExchange& exchange) const;
+  // Answers `status` in the shape of `endpoint`'s API.
+  void Reject(const absl::Status& status, HttpExchange& exchange,
+              openai::Endpoint endpoint = openai::Endpoint::kChatCompletions) const;
 
   Options options_;
   const Tokenizer* tokenizer_;

@@ -12,7 +12,10 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "scheduler/http/json_fields.h"
+#include "scheduler/http/responses_api.h"
 #include "scheduler/output_constraint.h"
+#include "scheduler/request_builder.h"
 #include "text/bounded_json.h"
 
 namespace conveyor::scheduler::openai {
@@ -20,70 +23,6 @@ namespace {
 
 constexpr absl::string_view kParamPayload = "type.conveyor/openai.param";
 constexpr absl::string_view kCodePayload = "type.conveyor/openai.code";
-
-// Every dump replaces ill-formed UTF-8 instead of throwing (the engine's text is already
-// well formed; this is the guarantee that no exception can escape).
-std::string Dump(const Json& value) {
-  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-absl::Status Invalid(absl::string_view param, absl::string_view message) {
-  return WithParam(absl::InvalidArgumentError(message), param);
-}
-
-absl::Status WrongType(absl::string_view param, absl::string_view expected) {
-  return Invalid(param, absl::StrCat(param, " must be ", expected));
-}
-
-// The member `key` of `object`, or nullptr when it is absent or null (OpenAI's clients
-// send null for "not given").
-const Json* Field(const Json& object, absl::string_view key) {
-  const auto it = object.find(std::string{key});
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-absl::StatusOr<std::optional<bool>> GetBool(const Json& object, absl::string_view key) {
-  const Json* v = Field(object, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_boolean()) return WrongType(key, "true or false");
-  return v->get<bool>();
-}
-
-absl::StatusOr<std::optional<double>> GetNumber(const Json& object, absl::string_view key) {
-  const Json* v = Field(object, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_number()) return WrongType(key, "a number");
-  return v->get<double>();
-}
-
-// An integer in [lo, hi].
-absl::StatusOr<std::optional<int64_t>> GetInteger(const Json& object, absl::string_view key,
-                                                  int64_t lo, int64_t hi) {
-  const Json* v = Field(object, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_number_integer()) return WrongType(key, "an integer");
-  const bool fits =
-      !v->is_number_unsigned() ||
-      v->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-  const int64_t value = fits ? v->get<int64_t>() : 0;
-  if (!fits || value < lo || value > hi) {
-    return Invalid(key,
-                   absl::StrCat(key, " must be in [", lo, ", ", hi, "], got ", JsonExcerpt(*v)));
-  }
-  return value;
-}
-
-absl::StatusOr<std::optional<std::string>> GetString(const Json& object, absl::string_view key) {
-  const Json* v = Field(object, key);
-  if (v == nullptr) return std::nullopt;
-  if (!v->is_string()) return WrongType(key, "a string");
-  return v->get<std::string>();
-}
-
-absl::Status Unsupported(absl::string_view param, absl::string_view message) {
-  return WithCode(Invalid(param, message), "unsupported_value");
-}
 
 absl::Status CheckModel(const Json& body, const ParseOptions& options) {
   ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(body, "model"));
@@ -314,11 +253,13 @@ absl::Status ParseChat(const Json& body, const ParseOptions& options, ParsedRequ
 absl::Status ParseCompletions(const Json& body, const ParseOptions& options, ParsedRequest* r) {
   RETURN_IF_ERROR(ParseCompletionPrompt(body, &r->generate));
   ASSIGN_OR_RETURN(std::optional<bool> echo, GetBool(body, "echo"));
-  if (echo.value_or(false)) return Unsupported("echo", "echo is not supported");
+  r->echo = echo.value_or(false);
   ASSIGN_OR_RETURN(std::optional<int64_t> best_of,
                    GetInteger(body, "best_of", 0, std::numeric_limits<int32_t>::max()));
-  if (best_of.value_or(1) != 1) {
-    return Unsupported("best_of", "best_of must be 1: one completion is generated per request");
+  const int n = r->generate.has_n() ? r->generate.n() : 1;
+  if (best_of.value_or(n) != n) {
+    return Unsupported("best_of", absl::StrCat("best_of must equal n (", n,
+                                               "): every choice generated is returned"));
   }
   ASSIGN_OR_RETURN(std::optional<std::string> suffix, GetString(body, "suffix"));
   if (!suffix.value_or("").empty()) return Unsupported("suffix", "suffix is not supported");
@@ -329,6 +270,8 @@ absl::Status ParseCompletions(const Json& body, const ParseOptions& options, Par
                    GetInteger(body, "logprobs", 0, options.max_logprobs));
   r->logprobs = logprobs.has_value();
   r->top_logprobs = static_cast<int>(logprobs.value_or(0));
+  // Echo with logprobs scores the prompt too (what evaluation harnesses ask for).
+  if (r->echo && r->logprobs) r->generate.set_prompt_logprobs(r->top_logprobs);
 
   ASSIGN_OR_RETURN(std::optional<int64_t> max_tokens,
                    GetInteger(body, "max_tokens", 1, std::numeric_limits<int32_t>::max()));
@@ -405,11 +348,8 @@ absl::Status ParseCommon(const Json& body, ParsedRequest* r) {
     r->include_usage = usage.value_or(false);
   }
 
-  ASSIGN_OR_RETURN(std::optional<int64_t> n,
-                   GetInteger(body, "n", 0, std::numeric_limits<int32_t>::max()));
-  if (n.value_or(1) != 1) {
-    return Unsupported("n", "n must be 1: one choice is generated per request");
-  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> n, GetInteger(body, "n", 1, kMaxChoices));
+  if (n.has_value()) r->generate.set_n(static_cast<int32_t>(*n));
   if (const Json* bias = Field(body, "logit_bias"); bias != nullptr && !bias->is_null()) {
     // {"token id": bias}: OpenAI's keys are token ids written as strings.
     if (!bias->is_object()) return WrongType("logit_bias", "an object");
@@ -548,6 +488,17 @@ Json ModelJson(std::string_view model_name, int64_t created_unix_s) {
   return model;
 }
 
+absl::StatusOr<ParsedRequest> ParseJson(Endpoint endpoint, const Json& json,
+                                        const ParseOptions& options) {
+  ParsedRequest r;
+  r.endpoint = endpoint;
+  RETURN_IF_ERROR(ParseCommon(json, &r));
+  RETURN_IF_ERROR(endpoint == Endpoint::kChatCompletions ? ParseChat(json, options, &r)
+                                                         : ParseCompletions(json, options, &r));
+  if (r.logprobs) r.generate.set_logprobs(std::max(1, r.top_logprobs));
+  return r;
+}
+
 }  // namespace
 
 absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view body,
@@ -558,13 +509,17 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, std::string_view b
                    ParseBoundedJson(body, options.json_limits, "the request body"));
   if (!json.is_object()) return absl::InvalidArgumentError("the request body must be an object");
   RETURN_IF_ERROR(CheckModel(json, options));
-  ParsedRequest r;
-  r.endpoint = endpoint;
-  RETURN_IF_ERROR(ParseCommon(json, &r));
-  RETURN_IF_ERROR(endpoint == Endpoint::kChatCompletions ? ParseChat(json, options, &r)
-                                                         : ParseCompletions(json, options, &r));
-  if (r.logprobs) r.generate.set_logprobs(std::max(1, r.top_logprobs));
-  return r;
+  if (endpoint == Endpoint::kResponses || endpoint == Endpoint::kMessages) {
+    // The chat request it means (responses_api.h), parsed as one.
+    ASSIGN_OR_RETURN(const Json chat, endpoint == Endpoint::kResponses ? ResponsesToChat(json)
+                                                                       : MessagesToChat(json));
+    absl::StatusOr<ParsedRequest> r = ParseJson(Endpoint::kChatCompletions, chat, options);
+    if (!r.ok()) return RenameChatError(r.status(), endpoint);
+    r->endpoint = endpoint;
+    if (endpoint == Endpoint::kResponses) r->api_fields = ResponsesEchoFields(json);
+    return r;
+  }
+  return ParseJson(endpoint, json, options);
 }
 
 bool ServesModel(const ParseOptions& options, std::string_view model) {
@@ -699,11 +654,14 @@ std::string ModelList(std::string_view model_name, int64_t created_unix_s) {
 }
 
 ResponseFormatter::ResponseFormatter(const ParsedRequest& request, std::string_view id,
-                                     int64_t created_unix_s, std::string_view model)
+                                     int64_t created_unix_s, std::string_view model, int index)
     : endpoint_(request.endpoint),
       include_usage_(request.include_usage),
       logprobs_(request.logprobs),
       top_logprobs_(request.top_logprobs),
+      index_(index),
+      index_field_(absl::StrCat("{\"index\":", index)),
+      echo_text_(request.echo ? request.echo_text : ""),
       head_{{"id", id},
             {"object", request.endpoint == Endpoint::kChatCompletions ? "chat.completion"
                                                                       : "text_completion"},
@@ -768,6 +726,11 @@ Json ResponseFormatter::EmptyLogprobs() const {
 }
 
 void ResponseFormatter::AppendLogprobs(const v1::GenerateResponse& message, Json* out) {
+  if (endpoint_ == Endpoint::kCompletions) {  // Echo: the prompt's first.
+    for (int i = 0; i < message.prompt_logprobs_size(); ++i) {
+      AppendCompletionLogprob(message.prompt_logprobs(i), i > 0, out);
+    }
+  }
   for (const v1::TokenLogprobs& lp : message.logprobs()) {
     const int top = std::min(top_logprobs_, lp.top_size());
     if (endpoint_ == Endpoint::kChatCompletions) {
@@ -785,22 +748,28 @@ void ResponseFormatter::AppendLogprobs(const v1::GenerateResponse& message, Json
       (*out)["content"].push_back(std::move(entry));
       continue;
     }
-    (*out)["tokens"].push_back(lp.token().text());
-    (*out)["token_logprobs"].push_back(lp.token().logprob());
-    // A dict keyed by token text, as OpenAI's: alternatives with the same text keep the
-    // most likely one's value.
-    Json alternatives = Json::object();
-    for (int i = 0; i < top; ++i) {
-      if (!alternatives.contains(lp.top(i).text())) {
-        alternatives[lp.top(i).text()] = lp.top(i).logprob();
-      }
-    }
-    (*out)["top_logprobs"].push_back(top_logprobs_ > 0 ? std::move(alternatives) : Json());
-    // Offsets count the bytes of the tokens before this one; held-back stop-string text
-    // is not subtracted.
-    (*out)["text_offset"].push_back(text_offset_);
-    text_offset_ += static_cast<int>(lp.token().text().size());
+    AppendCompletionLogprob(lp, true, out);
   }
+}
+
+void ResponseFormatter::AppendCompletionLogprob(const v1::TokenLogprobs& lp, bool scored,
+                                                Json* out) {
+  const int top = std::min(top_logprobs_, lp.top_size());
+  (*out)["tokens"].push_back(lp.token().text());
+  (*out)["token_logprobs"].push_back(scored ? Json(lp.token().logprob()) : Json());
+  // A dict keyed by token text, as OpenAI's: alternatives with the same text keep the
+  // most likely one's value.
+  Json alternatives = Json::object();
+  for (int i = 0; i < top; ++i) {
+    if (!alternatives.contains(lp.top(i).text())) {
+      alternatives[lp.top(i).text()] = lp.top(i).logprob();
+    }
+  }
+  (*out)["top_logprobs"].push_back(top_logprobs_ > 0 && scored ? std::move(alternatives) : Json());
+  // Offsets count the bytes of the tokens before this one; held-back stop-string text
+  // is not subtracted.
+  (*out)["text_offset"].push_back(text_offset_);
+  text_offset_ += static_cast<int>(lp.token().text().size());
 }
 
 std::string ResponseFormatter::Chunk(absl::string_view choice) const {
@@ -808,10 +777,32 @@ std::string ResponseFormatter::Chunk(absl::string_view choice) const {
                       "\n\n");
 }
 
-void ResponseFormatter::AppendStart(std::string* sse) const {
+void ResponseFormatter::AppendStart(std::string* sse) {
   if (endpoint_ != Endpoint::kChatCompletions) return;
-  sse->append(Chunk(
-      R"({"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null})"));
+  sse->append(Chunk(absl::StrCat(
+      index_field_,
+      R"(,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null})")));
+}
+
+ResponseFormatter::ChatDelta ResponseFormatter::NextChatDelta(const v1::GenerateResponse& message) {
+  // With a reasoning parser, the text is split into reasoning and answer first; with
+  // tools on, the answer goes through the call parser: content and calls come out as
+  // they are decided.
+  const bool final = message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+  ReasoningDelta split = SplitReasoning(message.text(), final);
+  ChatDelta delta{.reasoning = std::move(split.reasoning), .content = std::move(split.content)};
+  if (tool_parser_ != nullptr) {
+    ToolCallStreamDelta calls = tool_parser_->Feed(delta.content);
+    if (final) {
+      ToolCallStreamDelta rest = tool_parser_->Finish();
+      calls.content += rest.content;
+      for (ToolCallDelta& call : rest.tool_calls) calls.tool_calls.push_back(std::move(call));
+    }
+    delta.content = std::move(calls.content);
+    delta.tool_calls = std::move(calls.tool_calls);
+    tool_calls_made_ = tool_parser_->num_calls();
+  }
+  return delta;
 }
 
 void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::string* sse) {
@@ -825,29 +816,17 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
   }
   const std::string finish = Dump(FinishReasonJson(message.finish_reason()));
   if (endpoint_ == Endpoint::kCompletions) {
-    if (!message.text().empty() || has_logprobs || final) {
+    const std::string text = TakeEcho() + message.text();
+    if (!text.empty() || has_logprobs || final) {
       sse->append(
-          Chunk(absl::StrCat(R"({"index":0,"text":)", Dump(Json(message.text())), R"(,"logprobs":)",
+          Chunk(absl::StrCat(index_field_, R"(,"text":)", Dump(Json(text)), R"(,"logprobs":)",
                              logprobs, R"(,"finish_reason":)", finish, "}")));
     }
   } else {
-    // With a reasoning parser, the text is split into reasoning and answer first; with
-    // tools on, the answer goes through the call parser: content and calls come out as
-    // they are decided.
-    ReasoningDelta split = SplitReasoning(message.text(), final);
-    std::string content = std::move(split.content);
+    ChatDelta split = NextChatDelta(message);
+    const std::string& content = split.content;
     Json calls;
-    if (tool_parser_ != nullptr) {
-      ToolCallStreamDelta delta = tool_parser_->Feed(content);
-      if (final) {
-        ToolCallStreamDelta rest = tool_parser_->Finish();
-        delta.content += rest.content;
-        for (ToolCallDelta& call : rest.tool_calls) delta.tool_calls.push_back(std::move(call));
-      }
-      content = std::move(delta.content);
-      tool_calls_made_ = tool_parser_->num_calls();
-      if (!delta.tool_calls.empty()) calls = ToolCallDeltas(delta.tool_calls);
-    }
+    if (!split.tool_calls.empty()) calls = ToolCallDeltas(split.tool_calls);
     const bool reasoning = !split.reasoning.empty();
     if (reasoning || !content.empty() || has_logprobs || !calls.is_null()) {
       // A delta of reasoning alone has no content (vLLM's shape); both reasoning names
@@ -861,27 +840,39 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
         absl::StrAppend(&fields, reasoning ? "," : "", R"("content":)", Dump(Json(content)));
       }
       if (!calls.is_null()) absl::StrAppend(&fields, R"(,"tool_calls":)", Dump(calls));
-      sse->append(Chunk(absl::StrCat(R"({"index":0,"delta":{)", fields, R"(},"logprobs":)",
+      sse->append(Chunk(absl::StrCat(index_field_, R"(,"delta":{)", fields, R"(},"logprobs":)",
                                      logprobs, R"(,"finish_reason":null})")));
     }
     // OpenAI ends a chat stream's choice with an empty delta carrying the reason.
     if (final) {
       sse->append(Chunk(absl::StrCat(
-          R"({"index":0,"delta":{},"logprobs":null,"finish_reason":)",
+          index_field_, R"(,"delta":{},"logprobs":null,"finish_reason":)",
           Dump(ChatFinishReasonJson(message.finish_reason(), tool_calls_made_ > 0)), "}")));
     }
   }
-  if (!final) return;
+  if (final) usage_ = message.usage();
+}
+
+void ResponseFormatter::AppendEnd(const v1::Usage& usage, std::string* sse) {
   if (include_usage_) {
-    absl::StrAppend(sse, "data: ", chunk_head_, "],\"usage\":", Dump(UsageJson(message.usage())),
-                    "}\n\n");
+    absl::StrAppend(sse, "data: ", chunk_head_, "],\"usage\":", Dump(UsageJson(usage)), "}\n\n");
   }
   sse->append("data: [DONE]\n\n");
 }
 
+v1::Usage ResponseFormatter::SumUsage(const std::vector<v1::Usage>& choices) {
+  v1::Usage sum = choices.front();
+  for (size_t i = 1; i < choices.size(); ++i) {
+    sum.set_generated_tokens(sum.generated_tokens() + choices[i].generated_tokens());
+  }
+  return sum;
+}
+
+std::string ResponseFormatter::TakeEcho() { return std::exchange(echo_text_, ""); }
+
 void ResponseFormatter::Add(const v1::GenerateResponse& message) {
   const bool final = message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
-  ReasoningDelta split = SplitReasoning(message.text(), final);
+  ReasoningDelta split = SplitReasoning(TakeEcho() + message.text(), final);
   reasoning_ += split.reasoning;
   text_ += split.content;
   if (logprobs_) AppendLogprobs(message, &logprobs_json_);
@@ -892,9 +883,9 @@ void ResponseFormatter::Add(const v1::GenerateResponse& message) {
   }
 }
 
-std::string ResponseFormatter::Body() const {
+Json ResponseFormatter::ChoiceJson() const {
   Json choice = Json::object();
-  choice["index"] = 0;
+  choice["index"] = index_;
   if (endpoint_ == Endpoint::kChatCompletions && tool_parser_ != nullptr) {
     const std::vector<ParsedToolCall>& calls = parsed_calls_.tool_calls;
     Json message = {{"role", "assistant"}};
@@ -926,9 +917,26 @@ std::string ResponseFormatter::Body() const {
   choice["finish_reason"] = endpoint_ == Endpoint::kChatCompletions
                                 ? ChatFinishReasonJson(finish_reason_, tool_calls_made_ > 0)
                                 : FinishReasonJson(finish_reason_);
-  Json body = head_;
-  body["choices"] = Json::array({std::move(choice)});
-  body["usage"] = UsageJson(usage_);
+  return choice;
+}
+
+std::string ResponseFormatter::WholeBody(const std::vector<const AnswerFormatter*>& choices) const {
+  std::vector<const ResponseFormatter*> mine;
+  for (const AnswerFormatter* choice : choices) {
+    mine.push_back(static_cast<const ResponseFormatter*>(choice));
+  }
+  return Body(mine);
+}
+
+std::string ResponseFormatter::Body(const std::vector<const ResponseFormatter*>& choices) {
+  Json body = choices.front()->head_;
+  body["choices"] = Json::array();
+  std::vector<v1::Usage> usage;
+  for (const ResponseFormatter* choice : choices) {
+    body["choices"].push_back(choice->ChoiceJson());
+    usage.push_back(choice->usage_);
+  }
+  body["usage"] = UsageJson(SumUsage(usage));
   return Dump(body);
 }
 

@@ -35,7 +35,9 @@ namespace conveyor::scheduler::openai {
 
 using Json = nlohmann::ordered_json;
 
-enum class Endpoint { kCompletions, kChatCompletions };
+// The HTTP route: OpenAI's completions and chat completions, OpenAI's Responses API and
+// Anthropic's Messages API (both parsed as the chat request they mean, responses_api.h).
+enum class Endpoint { kCompletions, kChatCompletions, kResponses, kMessages };
 
 // What a chat request's tool_choice asks of the model.
 enum class ToolChoice {
@@ -73,6 +75,12 @@ struct ParsedRequest {
   // because the engine reports the chosen token's only together with alternatives.
   bool logprobs = false;
   int top_logprobs = 0;
+  // Completions only: the answer starts with the prompt (its text, set by
+  // BuildOpenAiRequest, and with logprobs its tokens' scores: generate.prompt_logprobs).
+  bool echo = false;
+  std::string echo_text;
+  // Responses API: the request fields its response object repeats.
+  Json api_fields;
   // Chat only: the messages (content parts joined into one string; tool calls'
   // arguments as objects, as templates expect) and the tools (null when absent or
   // tool_choice is "none"), in the client's key order.
@@ -153,27 +161,67 @@ std::string ModelObject(std::string_view model_name, int64_t created_unix_s);
 
 // Writes one request's answer in OpenAI's shape, either as SSE events (AppendStart, then
 // AppendEvents per engine message) or as one body (Add per message, then Body).
-class ResponseFormatter {
+// How one choice's answer is written for its client: whole (Add, then WholeBody) or as
+// Server-Sent Events (AppendStart, AppendEvents per engine message, AppendEnd once every
+// choice has ended). ResponseFormatter writes OpenAI's completions and chat objects;
+// responses_api.h the Responses API's and Anthropic's Messages API's.
+class AnswerFormatter {
  public:
-  // `id`: "cmpl-N" or "chatcmpl-N"; `model`: the served model's name.
+  virtual ~AnswerFormatter() = default;
+  virtual void AppendStart(std::string* sse) = 0;
+  virtual void AppendEvents(const v1::GenerateResponse& message, std::string* sse) = 0;
+  // `usage`: every choice's (ResponseFormatter::SumUsage).
+  virtual void AppendEnd(const v1::Usage& usage, std::string* sse) = 0;
+  // The events that end a stream that failed after it started.
+  virtual std::string ErrorEvents(const absl::Status& status) { return ErrorEvent(status); }
+  virtual void Add(const v1::GenerateResponse& message) = 0;
+  // The whole answer of `choices` (this one first; all of this formatter's type).
+  virtual std::string WholeBody(const std::vector<const AnswerFormatter*>& choices) const = 0;
+  // Whether the output so far is inside its reasoning (false without a reasoning parser).
+  virtual bool reasoning_open() const = 0;
+  // The choice's usage, once its final message was formatted.
+  virtual const v1::Usage& usage() const = 0;
+};
+
+class ResponseFormatter final : public AnswerFormatter {
+ public:
+  // `id`: "cmpl-N" or "chatcmpl-N"; `model`: the served model's name; `index`: the
+  // choice it formats (one formatter per choice when n > 1).
   ResponseFormatter(const ParsedRequest& request, std::string_view id, int64_t created_unix_s,
-                    std::string_view model);
+                    std::string_view model, int index = 0);
 
   // The events that open a stream (chat: the assistant role's delta; completions: none).
-  void AppendStart(std::string* sse) const;
+  void AppendStart(std::string* sse) override;
   // The events for one engine message. Messages with no text and nothing else to say
-  // (text held back for a stop string) produce none. After the final message: the
-  // finish chunk, the usage chunk when asked for, and "data: [DONE]".
-  void AppendEvents(const v1::GenerateResponse& message, std::string* sse);
+  // (text held back for a stop string) produce none; the final one ends with the
+  // choice's finish chunk.
+  void AppendEvents(const v1::GenerateResponse& message, std::string* sse) override;
+  // The events that end a stream once every choice has: the usage chunk (all choices'),
+  // when asked for, and "data: [DONE]".
+  void AppendEnd(const v1::Usage& usage, std::string* sse) override;
 
   // Non-streaming: collects one engine message.
-  void Add(const v1::GenerateResponse& message);
-  // Whether the output so far is inside its reasoning (false without a reasoning parser).
-  bool reasoning_open() const {
+  void Add(const v1::GenerateResponse& message) override;
+  bool reasoning_open() const override {
     return reasoning_parser_ != nullptr && reasoning_parser_->reasoning_open();
   }
+  std::string WholeBody(const std::vector<const AnswerFormatter*>& choices) const override;
+
+  // A chat message's next part: its reasoning, content and tool-call fragments, as the
+  // reasoning and tool-call parsers decide them (the final message flushes both).
+  struct ChatDelta {
+    std::string reasoning;
+    std::string content;
+    std::vector<ToolCallDelta> tool_calls;
+  };
+  ChatDelta NextChatDelta(const v1::GenerateResponse& message);
   // The text_completion / chat.completion object, once the final message was added.
-  std::string Body() const;
+  std::string Body() const { return Body({this}); }
+  // The same for n choices, one formatter each (in index order), the usage summed.
+  static std::string Body(const std::vector<const ResponseFormatter*>& choices);
+  // The usage of n choices: the prompt's once, every choice's generated tokens.
+  static v1::Usage SumUsage(const std::vector<v1::Usage>& choices);
+  const v1::Usage& usage() const override { return usage_; }
 
  private:
   // Appends `message`'s token log-probabilities to `out`: completions' parallel arrays
@@ -181,11 +229,21 @@ class ResponseFormatter {
   void AppendLogprobs(const v1::GenerateResponse& message, Json* out);
   Json EmptyLogprobs() const;
   std::string Chunk(absl::string_view choice) const;
+  // The choice's entry in a whole body's choices.
+  Json ChoiceJson() const;
+  // Completions' logprobs arrays, one entry more: `lp` (`scored` false: the prompt's first
+  // token, which has no logprob).
+  void AppendCompletionLogprob(const v1::TokenLogprobs& lp, bool scored, Json* out);
 
   const Endpoint endpoint_;
   const bool include_usage_;
   const bool logprobs_;
   const int top_logprobs_;
+  const int index_;
+  const std::string index_field_;
+  // Echo: the prompt's text, sent before the first message's; then empty.
+  std::string echo_text_;
+  std::string TakeEcho();   // {"index":N, as every chunk's choice opens.
   const Json head_;         // id, object, created, model.
   std::string chunk_head_;  // A chunk's JSON up to its choices: {"id":...,"choices":[
   int text_offset_ = 0;     // Completions' text_offset of the next token.

@@ -132,12 +132,13 @@ TEST(ParseRequestTest, BadRequestsNameTheField) {
       {R"({"prompt": [1, "x"]})", "prompt", "token ids must be integers"},
       {R"({"prompt": [1, 3000000000]})", "prompt", "token ids must be integers"},
       {R"({})", "prompt", "prompt is required"},
-      {R"({"prompt": "a", "n": 2})", "n", "n must be 1"},
+      {R"({"prompt": "a", "n": 129})", "n", "n must be in [1, 128], got 129"},
+      {R"({"prompt": "a", "n": 0})", "n", "n must be in [1, 128]"},
       {R"({"prompt": "a", "temperature": "hot"})", "temperature", "must be a number"},
       {R"({"prompt": "a", "max_tokens": 0})", "max_tokens", "max_tokens must be in [1,"},
       {R"({"prompt": "a", "max_tokens": 1.5})", "max_tokens", "must be an integer"},
-      {R"({"prompt": "a", "echo": true})", "echo", "echo is not supported"},
-      {R"({"prompt": "a", "best_of": 3})", "best_of", "best_of must be 1"},
+      {R"({"prompt": "a", "best_of": 3})", "best_of", "best_of must equal n (1)"},
+      {R"({"prompt": "a", "n": 2, "best_of": 3})", "best_of", "best_of must equal n (2)"},
       {R"({"prompt": "a", "suffix": "x"})", "suffix", "suffix is not supported"},
       {R"({"prompt": "a", "logprobs": 21})", "logprobs", "logprobs must be in [0, 20]"},
       {R"({"prompt": "a", "logprobs": 1073741825})", "logprobs",
@@ -301,7 +302,7 @@ TEST(ParseRequestTest, BadChatRequestsNameTheField) {
                                  "properties": {"a": {"type": "string", "foo": 1}}}}}})",
        "response_format"},
       {R"({"messages": [{"role": "user", "content": "x"}], "regex": 5})", "regex"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 1.5})", "n"},
   };
   for (const Case& c : cases) {
     auto r = Chat(c.body);
@@ -359,7 +360,9 @@ TEST(ResponseFormatterTest, CompletionsStream) {
   EXPECT_EQ(sse, "");
   f.AppendEvents(Message("Hel"), &sse);
   f.AppendEvents(Message(""), &sse);  // Held back: nothing to send.
-  f.AppendEvents(Message("lo", v1::FINISH_REASON_EOS), &sse);
+  const v1::GenerateResponse last = Message("lo", v1::FINISH_REASON_EOS);
+  f.AppendEvents(last, &sse);
+  f.AppendEnd(last.usage(), &sse);  // Once every choice has ended.
   const std::vector<Json> events = Events(sse);
   ASSERT_EQ(events.size(), 4u) << sse;
   EXPECT_EQ(events[0]["id"], "cmpl-1");
@@ -387,6 +390,7 @@ TEST(ResponseFormatterTest, ChatStreamOpensWithTheRoleAndEndsWithAnEmptyDelta) {
   f.AppendStart(&sse);
   f.AppendEvents(Message("Hi"), &sse);
   f.AppendEvents(Message("", v1::FINISH_REASON_LENGTH), &sse);
+  f.AppendEnd(v1::Usage(), &sse);
   const std::vector<Json> events = Events(sse);
   ASSERT_EQ(events.size(), 4u) << sse;
   EXPECT_EQ(events[0]["object"], "chat.completion.chunk");
@@ -437,6 +441,38 @@ TEST(ResponseFormatterTest, CompletionsLogprobs) {
   EXPECT_EQ(lp["token_logprobs"], Json::array({-0.5, -0.5}));
   EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);  // The first two alternatives.
   EXPECT_EQ(lp["text_offset"], Json::array({0, 2}));
+}
+
+TEST(ResponseFormatterTest, ChoicesNameTheirIndexAndShareOneBody) {
+  auto r = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<ResponseFormatter> choices;
+  for (int i = 0; i < 2; ++i) choices.emplace_back(*r, "chatcmpl-9", 1, "tiny", i);
+  std::string sse;
+  choices[1].AppendStart(&sse);
+  choices[1].AppendEvents(Message("B"), &sse);
+  for (const Json& event : Events(sse)) EXPECT_EQ(event["choices"][0]["index"], 1) << event;
+
+  v1::GenerateResponse a = Message("A", v1::FINISH_REASON_LENGTH);
+  a.mutable_usage()->set_prompt_tokens(5);
+  a.mutable_usage()->set_generated_tokens(3);
+  v1::GenerateResponse b = Message("BB", v1::FINISH_REASON_STOP);
+  b.mutable_usage()->set_prompt_tokens(5);
+  b.mutable_usage()->set_generated_tokens(2);
+  choices[0].Add(a);
+  choices[1].Add(b);
+  const Json body = Json::parse(ResponseFormatter::Body({&choices[0], &choices[1]}));
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][0]["index"], 0);
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "A");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["message"]["content"], "BB");
+  EXPECT_EQ(body["choices"][1]["finish_reason"], "stop");
+  // The prompt counts once, every choice's tokens.
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(body["usage"]["total_tokens"], 10);
 }
 
 TEST(ResponseFormatterTest, ChatLogprobsStream) {

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/utf8.h"
+#include "scheduler/http/responses_api.h"
 
 namespace conveyor::scheduler::openai {
 namespace {
@@ -120,24 +122,36 @@ bool TemplateRendersTools(const jinja::ChatTemplate& chat_template, std::string_
   return without.ok() && with.ok() && *with != *without;
 }
 
-absl::StatusOr<std::unique_ptr<Request>> BuildOpenAiRequest(
+absl::StatusOr<std::vector<std::unique_ptr<Request>>> BuildOpenAiRequest(
     Endpoint endpoint, std::string_view body, const ParseOptions& options,
     const ChatTemplating& chat, const ServingLimits& limits, const Tokenizer& tokenizer,
     ParsedRequest* parsed) {
   ASSIGN_OR_RETURN(*parsed, ParseRequest(endpoint, body, options));
-  if (endpoint == Endpoint::kChatCompletions) {
+  if (endpoint != Endpoint::kCompletions) {  // Chat, and the APIs parsed as chat.
     RETURN_IF_ERROR(ApplyTools(chat, parsed));
     RETURN_IF_ERROR(RenderChat(chat, parsed));
     RETURN_IF_ERROR(ApplyReasoning(chat, parsed));
   }
-  absl::StatusOr<std::unique_ptr<Request>> built =
-      BuildRequest(parsed->generate, limits, tokenizer);
-  if (!built.ok()) return RenameBuildError(built.status());
+  absl::StatusOr<std::vector<std::unique_ptr<Request>>> built =
+      BuildChoices(parsed->generate, limits, tokenizer);
+  if (!built.ok()) {
+    const absl::Status renamed = RenameBuildError(built.status());
+    return endpoint == Endpoint::kResponses || endpoint == Endpoint::kMessages
+               ? RenameChatError(renamed, endpoint)
+               : renamed;
+  }
+  if (parsed->echo) {
+    const v1::GenerateRequest& g = parsed->generate;
+    parsed->echo_text = g.has_text()
+                            ? g.text()
+                            : ValidUtf8(tokenizer.Decode(std::vector<int>(
+                                  g.token_ids().ids().begin(), g.token_ids().ids().end())));
+  }
   // The first generation ends at the budget; the HTTP server continues it (http_server.cc).
-  if (parsed->reasoning_budget_tokens > 0 &&
-      parsed->reasoning_budget_tokens < (*built)->max_new_tokens) {
-    parsed->total_max_tokens = (*built)->max_new_tokens;
-    (*built)->max_new_tokens = parsed->reasoning_budget_tokens;
+  const int max_new_tokens = built->front()->max_new_tokens;
+  if (parsed->reasoning_budget_tokens > 0 && parsed->reasoning_budget_tokens < max_new_tokens) {
+    parsed->total_max_tokens = max_new_tokens;
+    for (std::unique_ptr<Request>& r : *built) r->max_new_tokens = parsed->reasoning_budget_tokens;
   } else {
     parsed->reasoning_budget_tokens = 0;
   }

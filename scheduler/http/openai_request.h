@@ -46,10 +46,10 @@ struct ChatTemplating {
 bool TemplateRendersTools(const jinja::ChatTemplate& chat_template, std::string_view bos_token,
                           std::string_view eos_token);
 
-// Parses `body`, renders it (chat) and builds the request. Errors are the client's
-// answer: INVALID_ARGUMENT naming the field in this API's terms, NOT_FOUND for an
-// unknown model. `parsed` gets what the answer's formatting needs.
-absl::StatusOr<std::unique_ptr<Request>> BuildOpenAiRequest(
+// Parses `body`, renders it (chat) and builds the request: one per choice (n). Errors are the
+// client's answer: INVALID_ARGUMENT naming the field in this API's terms, NOT_FOUND for an unknown
+// model. `parsed` gets what the answer's formatting needs.
+absl::StatusOr<std::vector<std::unique_ptr<Request>>> BuildOpenAiRequest(
     Endpoint endpoint, std::string_view body, const ParseOptions& options,
     const ChatTemplating& chat, const ServingLimits& limits, const Tokenizer& tokenizer,
     ParsedRequest* parsed);

@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/http/openai_request.h"
+#include "scheduler/http/responses_api.h"
 #include "tests/fuzz/fuzz_support.h"
 #include "text/bounded_json.h"
 #include "text/jinja/chat_template.h"
@@ -119,6 +120,35 @@ void CheckRefusal(const absl::Status& status, std::string_view body) {
   (void)body;
 }
 
+// Formats an answer to the accepted request, whole and streamed: a message of text that may
+// hold reasoning or tool-call syntax, then the final one. Nothing may throw, and the whole
+// answer must be JSON.
+void FormatAnswer(const scheduler::openai::ParsedRequest& parsed, int prompt_tokens) {
+  v1::GenerateResponse first;
+  first.add_token_ids(5);
+  first.set_text("<think>a</think>x <tool_call>\n{\"name\": \"f\", \"arguments\": {}}");
+  v1::GenerateResponse last;
+  last.add_token_ids(6);
+  last.set_text("\n</tool_call>");
+  last.set_finish_reason(v1::FINISH_REASON_EOS);
+  last.mutable_usage()->set_prompt_tokens(prompt_tokens);
+  last.mutable_usage()->set_generated_tokens(2);
+  auto whole = scheduler::openai::MakeAnswerFormatter(parsed, "id-1", 1, "tiny", 0, prompt_tokens);
+  whole->Add(first);
+  whole->Add(last);
+  if (Json::parse(whole->WholeBody({whole.get()}), nullptr, false).is_discarded()) {
+    InvariantViolated("a whole answer that is not JSON", "");
+  }
+  auto streamed =
+      scheduler::openai::MakeAnswerFormatter(parsed, "id-1", 1, "tiny", 0, prompt_tokens);
+  std::string sse;
+  streamed->AppendStart(&sse);
+  streamed->AppendEvents(first, &sse);
+  streamed->AppendEvents(last, &sse);
+  streamed->AppendEnd(last.usage(), &sse);
+  if (sse.empty()) InvariantViolated("a stream with no events", "");
+}
+
 void CheckAccepted(const scheduler::Request& r, const scheduler::ServingLimits& limits) {
   if (r.tokens.empty() || r.num_prompt_tokens != r.num_tokens()) {
     InvariantViolated("prompt tokens", "");
@@ -135,7 +165,9 @@ void CheckAccepted(const scheduler::Request& r, const scheduler::ServingLimits& 
 void FuzzOne(const uint8_t* data, size_t size) {
   static const Context* context = new Context();
   if (size == 0) return;
-  const Endpoint endpoint = data[0] & 1 ? Endpoint::kChatCompletions : Endpoint::kCompletions;
+  constexpr Endpoint kEndpoints[] = {Endpoint::kCompletions, Endpoint::kChatCompletions,
+                                     Endpoint::kResponses, Endpoint::kMessages};
+  const Endpoint endpoint = kEndpoints[data[0] % 4];
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
   CheckJsonAgainstReference(body, context->options.json_limits);
   scheduler::openai::ParsedRequest parsed;
@@ -143,7 +175,8 @@ void FuzzOne(const uint8_t* data, size_t size) {
       scheduler::openai::BuildOpenAiRequest(endpoint, body, context->options, context->chat,
                                             context->limits, *context->tokenizer, &parsed);
   if (!built.ok()) return CheckRefusal(built.status(), body);
-  CheckAccepted(**built, context->limits);
+  for (const std::unique_ptr<scheduler::Request>& r : *built) CheckAccepted(*r, context->limits);
+  FormatAnswer(parsed, built->front()->num_prompt_tokens);
 }
 
 }  // namespace

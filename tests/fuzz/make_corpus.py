@@ -322,8 +322,8 @@ def make_detokenizer_seeds(tokenizers):
 
 
 def make_http_request_seeds():
-    """The HTTP request fuzzer's input: one byte picking the endpoint (even: completions,
-    odd: chat), then the body."""
+    """The HTTP request fuzzer's input: one byte picking the endpoint (modulo 4: completions,
+    chat, responses, messages), then the body."""
     clear_seeds("http_request_fuzzer")
     completions = {
         "text": {"model": "tiny", "prompt": "Hello there", "max_tokens": 8},
@@ -333,6 +333,31 @@ def make_http_request_seeds():
                      "stop": ["\n", "END"], "presence_penalty": 0.5, "min_p": 0.1},
         "batch_of_one": {"prompt": ["x"], "echo": False, "n": 1, "logit_bias": {}},
         "bad_types": {"prompt": "a", "max_tokens": "8", "stream": "yes", "logprobs": 1e9},
+        "choices_echo": {"prompt": "a b", "n": 3, "echo": True, "logprobs": 1, "seed": 4,
+                         "logit_bias": {"5": -100}},
+    }
+    responses = {
+        "items": {"input": [{"role": "developer", "content": "Be brief."},
+                            {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                            {"type": "function_call", "call_id": "c1", "name": "f",
+                             "arguments": "{}"},
+                            {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
+                  "instructions": "x", "max_output_tokens": 8, "stream": True,
+                  "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                  "text": {"format": {"type": "json_schema", "name": "s",
+                                      "schema": {"type": "object"}}}},
+        "stateful": {"input": "hi", "previous_response_id": "resp_1"},
+    }
+    messages = {
+        "blocks": {"max_tokens": 8, "system": "Be brief.", "stop_sequences": ["\n"],
+                   "messages": [{"role": "user", "content": "Hi"},
+                                {"role": "assistant", "content": [
+                                    {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                                {"role": "user", "content": [
+                                    {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}],
+                   "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                   "tool_choice": {"type": "any"}, "thinking": {"type": "disabled"}},
+        "no_max_tokens": {"messages": [{"role": "user", "content": "Hi"}]},
     }
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "Weather in a city",
@@ -357,6 +382,10 @@ def make_http_request_seeds():
         write("http_request_fuzzer", f"seed-completions-{name}", b"\x00" + json.dumps(body).encode())
     for name, body in chats.items():
         write("http_request_fuzzer", f"seed-chat-{name}", b"\x01" + json.dumps(body).encode())
+    for name, body in responses.items():
+        write("http_request_fuzzer", f"seed-responses-{name}", b"\x02" + json.dumps(body).encode())
+    for name, body in messages.items():
+        write("http_request_fuzzer", f"seed-messages-{name}", b"\x03" + json.dumps(body).encode())
     deep = "[" * 70 + "]" * 70
     write("http_request_fuzzer", "seed-deep", b"\x00" + f'{{"prompt": [1, {deep}]}}'.encode())
     write("http_request_fuzzer", "seed-not-json", b"\x01" + b'{"messages": [')

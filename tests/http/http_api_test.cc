@@ -179,6 +179,16 @@ TEST_F(HttpApiTest, Logprobs) { RunClientTest(http_port_, ModelName(), "test_log
 
 TEST_F(HttpApiTest, LogitBias) { RunClientTest(http_port_, ModelName(), "test_logit_bias"); }
 
+TEST_F(HttpApiTest, ResponsesApi) { RunClientTest(http_port_, ModelName(), "test_responses_api"); }
+
+TEST_F(HttpApiTest, MessagesApi) { RunClientTest(http_port_, ModelName(), "test_messages_api"); }
+
+TEST_F(HttpApiTest, EchoAndPromptLogprobs) {
+  RunClientTest(http_port_, ModelName(), "test_echo_and_prompt_logprobs");
+}
+
+TEST_F(HttpApiTest, NChoices) { RunClientTest(http_port_, ModelName(), "test_n_choices"); }
+
 TEST_F(HttpApiTest, SeedMakesSamplingReproducible) {
   RunClientTest(http_port_, ModelName(), "test_seed_makes_sampling_reproducible");
 }
@@ -257,6 +267,10 @@ TEST_F(HttpToolsTest, ANamedFunctionIsTheOneCalled) {
 
 TEST_F(HttpToolsTest, StreamedCallsEqualTheWholeAnswer) {
   RunClientTest(http_port_, ModelName(), "test_tools_streamed_equal_whole");
+}
+
+TEST_F(HttpToolsTest, ResponsesAndMessagesCallTheToolsChatWould) {
+  RunClientTest(http_port_, ModelName(), "test_responses_and_messages_tools");
 }
 
 TEST_F(HttpToolsTest, AutoAnswersAndToolMessagesComeBack) {

@@ -250,6 +250,55 @@ class OpenAiClientTest(unittest.TestCase):
             self.complete(logit_bias={"300": 101})
         self.assertIn("logit_bias", str(bad.exception))
 
+    def test_n_choices(self):
+        sampled = dict(temperature=1.0, seed=41, max_tokens=10)
+        whole = self.complete(n=4, **sampled)
+        self.assertEqual([c.index for c in whole.choices], [0, 1, 2, 3])
+        texts = [c.text for c in whole.choices]
+        self.assertGreater(len(set(texts)), 1, texts)  # Each choice samples on its own.
+        self.assertEqual(whole.usage.completion_tokens, 40)
+        self.assertEqual(whole.usage.prompt_tokens, self.complete(max_tokens=1).usage.prompt_tokens)
+        # Reproducible, and choice i is what one choice with seed + i gives.
+        self.assertEqual([c.text for c in self.complete(n=4, **sampled).choices], texts)
+        for i in (0, 1, 3):
+            single = dict(sampled, seed=41 + i)
+            self.assertEqual(self.complete(**single).choices[0].text, texts[i])
+        # Streamed: every chunk names its choice; each choice's text and reason as whole.
+        chunks = list(self.complete(n=4, stream=True, stream_options={"include_usage": True},
+                                    **sampled))
+        streamed, reasons = ["" for _ in texts], [None for _ in texts]
+        for chunk in chunks:
+            for c in chunk.choices:
+                streamed[c.index] += c.text
+                if c.finish_reason is not None:
+                    self.assertIsNone(reasons[c.index])
+                    reasons[c.index] = c.finish_reason
+        self.assertEqual(streamed, texts)
+        self.assertEqual(reasons, ["length"] * 4)
+        self.assertEqual(chunks[-1].usage.completion_tokens, 40)
+        self.assertEqual([c for c in chunks if c.usage is not None], [chunks[-1]])
+        # One choice's stop string ends that choice alone.
+        stop = next(texts[0][i:i + 3] for i in range(len(texts[0]) - 2)
+                    if texts[0][i:i + 3].strip() and texts[0][i:i + 3] not in texts[1])
+        stopped = self.complete(n=2, stop=[stop], **sampled).choices
+        self.assertEqual(stopped[0].finish_reason, "stop")
+        self.assertEqual(stopped[0].text, texts[0][:texts[0].index(stop)])
+        self.assertEqual((stopped[1].finish_reason, stopped[1].text), ("length", texts[1]))
+        # Chat, whole and streamed.
+        chat = self.chat(n=3, **sampled)
+        self.assertEqual([c.index for c in chat.choices], [0, 1, 2])
+        contents = [c.message.content for c in chat.choices]
+        self.assertEqual(chat.usage.completion_tokens, 30)
+        streamed = ["", "", ""]
+        roles = set()
+        for chunk in self.chat(n=3, stream=True, **sampled):
+            for c in chunk.choices:
+                streamed[c.index] += c.delta.content or ""
+                if c.delta.role:
+                    roles.add(c.index)
+        self.assertEqual(streamed, contents)
+        self.assertEqual(roles, {0, 1, 2})
+
     def test_seed_makes_sampling_reproducible(self):
         sampled = dict(temperature=1.0, top_p=0.95, seed=1234, max_tokens=16)
         first = self.complete(**sampled).choices[0].text
@@ -260,12 +309,12 @@ class OpenAiClientTest(unittest.TestCase):
 
     def test_bad_requests(self):
         cases = [
-            (dict(n=2), "n must be 1"),
+            (dict(n=129), "n must be in [1, 128]"),
+            (dict(n=0), "n must be in [1, 128]"),
             (dict(temperature=-1), "temperature must be in"),
             (dict(extra_body={"temperature": "hot"}), "temperature must be a number"),
             (dict(prompt=["one", "two"]), "only one prompt"),
-            (dict(echo=True), "echo is not supported"),
-            (dict(best_of=2), "best_of must be 1"),
+            (dict(best_of=2), "best_of must equal n"),
             (dict(max_tokens=100000), "exceeds the model's context"),
             (dict(prompt=[1, 10 ** 6]), "outside the vocabulary"),
         ]
@@ -277,7 +326,7 @@ class OpenAiClientTest(unittest.TestCase):
                 self.assertIn(message, raised.exception.body["message"])
                 self.assertEqual(raised.exception.body["type"], "invalid_request_error")
         with self.assertRaises(openai.BadRequestError) as raised:
-            self.chat(n=2)
+            self.chat(n=129)
         self.assertEqual(raised.exception.body["param"], "n")
         with self.assertRaises(openai.BadRequestError):
             self.client.chat.completions.create(
@@ -339,7 +388,7 @@ class OpenAiClientTest(unittest.TestCase):
         # A plain error answer through curl.
         out = subprocess.run(
             ["curl", "-sS", "-w", "\n%{http_code}", "-H", "Content-Type: application/json",
-             "-d", json.dumps({"prompt": "x", "n": 3}), ARGS.base_url + "/v1/completions"],
+             "-d", json.dumps({"prompt": "x", "n": 300}), ARGS.base_url + "/v1/completions"],
             capture_output=True, timeout=300, check=True).stdout.decode()
         error, _, code = out.rpartition("\n")
         self.assertEqual(code, "400")
@@ -463,6 +512,170 @@ class OpenAiClientTest(unittest.TestCase):
             for word in words:
                 self.assertIn(word, message)
             self.assertEqual(raised.exception.body["param"], "response_format")
+
+    # --- The Responses API and the Messages API (the chat request they mean) ---
+
+    INPUT_ITEMS = [
+        {"role": "developer", "content": "You are terse."},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "Say"}, {"type": "input_text", "text": "hi"}]},
+    ]
+
+    def test_responses_api(self):
+        chat = self.chat(max_tokens=12)
+        want = chat.choices[0].message.content
+        kwargs = dict(model=ARGS.model, max_output_tokens=12, temperature=0,
+                      extra_body={"ignore_eos": True})
+        whole = self.client.responses.create(input=self.INPUT_ITEMS, **kwargs)
+        self.assertEqual(whole.object, "response")
+        self.assertEqual(whole.output_text, want)
+        self.assertEqual(whole.status, "incomplete")
+        self.assertEqual(whole.incomplete_details.reason, "max_output_tokens")
+        self.assertEqual([item.type for item in whole.output], ["message"])
+        self.assertEqual(whole.usage.input_tokens, chat.usage.prompt_tokens)
+        self.assertEqual(whole.usage.output_tokens, 12)
+        self.assertEqual(whole.max_output_tokens, 12)
+        self.assertFalse(whole.store)
+        # instructions and a string input mean the same conversation.
+        same = self.client.responses.create(input="Say\nhi", instructions="You are terse.",
+                                            **kwargs)
+        self.assertEqual(same.output_text, want)
+        self.assertEqual(same.instructions, "You are terse.")
+        # Streamed: numbered events, deltas adding up to the whole, the final object.
+        events = list(self.client.responses.create(input=self.INPUT_ITEMS, stream=True, **kwargs))
+        types = [e.type for e in events]
+        self.assertEqual(types[:4], ["response.created", "response.in_progress",
+                                     "response.output_item.added", "response.content_part.added"])
+        self.assertEqual(types[-4:], ["response.output_text.done", "response.content_part.done",
+                                      "response.output_item.done", "response.incomplete"])
+        self.assertEqual([e.sequence_number for e in events], list(range(len(events))))
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        self.assertEqual(deltas, want)
+        self.assertEqual(events[-1].response.output_text, want)
+        # text.format: a JSON schema the output follows.
+        schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}},
+                  "required": ["a"], "additionalProperties": False}
+        structured = self.client.responses.create(
+            model=ARGS.model, input="JSON please", max_output_tokens=100, temperature=1.0,
+            text={"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}})
+        import jsonschema
+        jsonschema.validate(json.loads(structured.output_text), schema)
+        self.assertEqual(structured.status, "completed")
+        # What needs stored state, or a hosted tool, is a 400 naming the field.
+        for extra, param, words in [
+                (dict(previous_response_id="resp_1"), "previous_response_id", "store"),
+                (dict(max_output_tokens=0), "max_output_tokens", "max_output_tokens"),
+                (dict(tools=[{"type": "web_search"}]), "tools[0].type", "function tools"),
+                (dict(input=[{"role": "user", "content": [{"type": "input_image"}]}]),
+                 "input[0].content[0].type", "text")]:
+            with self.subTest(param=param):
+                args = dict(dict(model=ARGS.model, input="hi"), **extra)
+                with self.assertRaises(openai.BadRequestError) as raised:
+                    self.client.responses.create(**args)
+                self.assertEqual(raised.exception.body["param"], param)
+                self.assertIn(words, raised.exception.body["message"])
+
+    def anthropic_client(self):
+        import anthropic
+        return anthropic.Anthropic(base_url=ARGS.base_url, api_key="unused", max_retries=0,
+                                   timeout=300)
+
+    def test_messages_api(self):
+        want = self.chat(max_tokens=12).choices[0].message.content
+        client = self.anthropic_client()
+        # Sampling fields beyond Anthropic's (ignore_eos) go in the body; this client version
+        # types none of them.
+        kwargs = dict(model=ARGS.model, max_tokens=12, system="You are terse.",
+                      messages=[{"role": "user", "content": [{"type": "text", "text": "Say"},
+                                                             {"type": "text", "text": "hi"}]}],
+                      extra_body={"temperature": 0, "ignore_eos": True})
+        whole = client.messages.create(**kwargs)
+        self.assertEqual(whole.type, "message")
+        self.assertEqual([b.type for b in whole.content], ["text"])
+        self.assertEqual(whole.content[0].text, want)
+        self.assertEqual(whole.stop_reason, "max_tokens")
+        self.assertEqual(whole.usage.output_tokens, 12)
+        with client.messages.stream(**kwargs) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        self.assertEqual(text, want)
+        self.assertEqual(final.content[0].text, want)
+        self.assertEqual(final.stop_reason, "max_tokens")
+        self.assertEqual(final.usage.input_tokens, whole.usage.input_tokens)
+        # Errors come in Anthropic's shape.
+        status, body = post("/v1/messages", {"model": ARGS.model, "messages": []})
+        self.assertEqual(status, 400)
+        self.assertEqual(body["type"], "error")
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+        self.assertIn("max_tokens", body["error"]["message"])
+
+    def test_responses_and_messages_tools(self):
+        flat = [dict(type="function", **t["function"]) for t in TOOLS]
+        for seed in range(6):
+            _, chat_calls, _ = self.tool_chat(seed, tool_choice="required")
+            whole = self.client.responses.create(
+                model=ARGS.model, input="Weather?", tools=flat, tool_choice="required",
+                max_output_tokens=300, temperature=1.0, extra_body={"seed": seed})
+            calls = [(i.name, i.arguments) for i in whole.output if i.type == "function_call"]
+            self.assertEqual(calls, chat_calls)
+            for item in whole.output:
+                if item.type == "function_call":
+                    self.assertTrue(item.call_id)
+            events = list(self.client.responses.create(
+                model=ARGS.model, input="Weather?", tools=flat, tool_choice="required",
+                max_output_tokens=300, temperature=1.0, extra_body={"seed": seed}, stream=True))
+            streamed = [(e.name, e.arguments) for e in events
+                        if e.type == "response.function_call_arguments.done"]
+            self.assertEqual(streamed, chat_calls)
+            anthropic_tools = [{"name": t["function"]["name"],
+                                "description": t["function"]["description"],
+                                "input_schema": t["function"]["parameters"]} for t in TOOLS]
+            message = self.anthropic_client().messages.create(
+                model=ARGS.model, max_tokens=300, tools=anthropic_tools,
+                tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Weather?"}],
+                extra_body={"temperature": 1.0, "seed": seed})
+            uses = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+            self.assertEqual(uses, [(n, json.loads(a)) for n, a in chat_calls])
+            if message.stop_reason != "max_tokens":
+                self.assertEqual(message.stop_reason, "tool_use")
+        # A call and its output sent back, in each API's items.
+        answer = self.client.responses.create(
+            model=ARGS.model, tools=flat, max_output_tokens=5, temperature=0,
+            input=[{"role": "user", "content": "Weather in Oslo?"},
+                   {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                    "arguments": '{"city": "Oslo"}'},
+                   {"type": "function_call_output", "call_id": "call_1", "output": "-3 C"}])
+        self.assertIn(answer.status, ("completed", "incomplete"))
+        reply = self.anthropic_client().messages.create(
+            model=ARGS.model, max_tokens=5, tools=anthropic_tools, extra_body={"temperature": 0},
+            messages=[{"role": "user", "content": "Weather in Oslo?"},
+                      {"role": "assistant", "content": [
+                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                           "input": {"city": "Oslo"}}]},
+                      {"role": "user", "content": [
+                          {"type": "tool_result", "tool_use_id": "toolu_1", "content": "-3 C"}]}])
+        self.assertEqual(reply.type, "message")
+
+    def test_echo_and_prompt_logprobs(self):
+        # Echo: the prompt's text comes first; with logprobs, every prompt token's score
+        # (the first has none) -- what evaluation harnesses compute loglikelihoods from.
+        plain = self.complete(max_tokens=4)
+        echoed = self.complete(max_tokens=4, echo=True)
+        self.assertEqual(echoed.choices[0].text, PROMPT + plain.choices[0].text)
+        scored = self.complete(max_tokens=1, echo=True, logprobs=2)
+        lp = scored.choices[0].logprobs
+        prompt_tokens = scored.usage.prompt_tokens
+        self.assertEqual(len(lp.tokens), prompt_tokens + 1)
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertIsNone(lp.top_logprobs[0])
+        self.assertTrue(all(v <= 0 for v in lp.token_logprobs[1:]))
+        self.assertTrue(all(len(t) <= 2 for t in lp.top_logprobs[1:]))
+        # Each prompt token's score is what the prompt before it gives that token.
+        for i in range(1, prompt_tokens):
+            self.assertLessEqual(lp.token_logprobs[i], max(lp.top_logprobs[i].values()) + 1e-6)
+        streamed, chunks = self.stream_completion(max_tokens=4, echo=True)
+        self.assertEqual(streamed, echoed.choices[0].text)
+        self.assertTrue(chunks[0].choices[0].text.startswith(PROMPT))
 
     # --- Tool calling ---
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -466,6 +467,101 @@ TEST_F(EngineTest, SeededSamplingRepeatsAndLogprobsArrive) {
   EXPECT_NE(a->tokens_, c->tokens_);
   EXPECT_EQ(a->last_.logprobs_size(), 1);
   EXPECT_EQ(a->last_.logprobs(0).top_size(), 3);
+}
+
+// Each prompt token's score (prompt_logprobs, computed in chunks) is the logprob decoding
+// gives that token after the tokens before it: a request for the prefix, with the token
+// forced by logit_bias (which leaves logprobs alone).
+TEST_F(EngineTest, PromptLogprobsScoreEachTokenAsDecodingWould) {
+  Start("continuous", 256, /*max_num_seqs=*/32, /*max_step_tokens=*/8);
+  engine_->Start();
+  std::mt19937 rng(5);
+  std::vector<int32_t> prompt(23);
+  for (int32_t& t : prompt) t = 3 + rng() % (limits_.vocab_size - 3);
+  constexpr int kTop = 3;
+  auto scored = [&] {
+    return Submit(prompt, 2, [&](v1::GenerateRequest& r) { r.set_prompt_logprobs(kTop); });
+  };
+  auto first = scored();
+  ASSERT_TRUE(first->WaitDone());
+  auto again = scored();  // Its prefix is cached now; a scored prompt is computed whole.
+  std::vector<std::shared_ptr<RecordingSink>> references;
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    references.push_back(Submit(std::vector<int32_t>(prompt.begin(), prompt.begin() + p), 1,
+                                [&](v1::GenerateRequest& r) {
+                                  r.set_logprobs(kTop);
+                                  (*r.mutable_logit_bias())[prompt[p]] = 100;
+                                }));
+  }
+  ASSERT_TRUE(again->WaitDone());
+  for (const auto& sink : {first, again}) {
+    ASSERT_TRUE(sink->status_.ok()) << sink->status_;
+    const v1::GenerateResponse& m = sink->first_;
+    ASSERT_EQ(m.prompt_logprobs_size(), static_cast<int>(prompt.size()));
+    EXPECT_EQ(m.prompt_logprobs(0).token().token_id(), prompt[0]);
+    EXPECT_EQ(m.prompt_logprobs(0).top_size(), 0);
+    EXPECT_EQ(sink->last_.prompt_logprobs_size(), 0);  // The first message only.
+  }
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    SCOPED_TRACE(::testing::Message() << "prompt token " << p);
+    ASSERT_TRUE(references[p - 1]->WaitDone());
+    const v1::TokenLogprobs& want = references[p - 1]->first_.logprobs(0);
+    ASSERT_EQ(want.token().token_id(), prompt[p]);
+    for (const auto& sink : {first, again}) {
+      const v1::TokenLogprobs& got = sink->first_.prompt_logprobs(p);
+      EXPECT_EQ(got.token().token_id(), prompt[p]);
+      EXPECT_NEAR(got.token().logprob(), want.token().logprob(), 1e-4);
+      ASSERT_EQ(got.top_size(), kTop);
+      for (int k = 0; k < kTop; ++k) {
+        EXPECT_EQ(got.top(k).token_id(), want.top(k).token_id());
+        EXPECT_NEAR(got.top(k).logprob(), want.top(k).logprob(), 1e-4);
+      }
+    }
+  }
+}
+
+// n choices share the prompt's blocks and sample apart: choice i is the request with seed
+// + i alone, token for token, under every policy.
+TEST_F(EngineTest, ChoicesAreWhatSeparateSeededRequestsGive) {
+  std::mt19937 rng(9);
+  std::vector<int32_t> prompt(37);
+  for (const char* policy : {"continuous", "static"}) {
+    SCOPED_TRACE(policy);
+    Start(policy, 256);
+    for (int32_t& t : prompt) t = 3 + rng() % (limits_.vocab_size - 3);
+    engine_->Start();
+    v1::GenerateRequest proto;
+    proto.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+    proto.set_max_new_tokens(12);
+    proto.set_temperature(1.0f);
+    proto.set_seed(77);
+    proto.set_ignore_eos(true);
+    proto.set_n(4);
+    auto built = BuildChoices(proto, limits_, *tokenizer_);
+    ASSERT_TRUE(built.ok()) << built.status();
+    std::vector<std::shared_ptr<RecordingSink>> choices;
+    for (std::unique_ptr<Request>& r : *built) {
+      choices.push_back(std::make_shared<RecordingSink>());
+      r->sink = choices.back();
+    }
+    ASSERT_TRUE(engine_->SubmitChoices(*std::move(built)).ok());
+    std::vector<std::shared_ptr<RecordingSink>> alone;
+    for (int i = 0; i < 4; ++i) {
+      alone.push_back(Submit(prompt, 12, [&](v1::GenerateRequest& r) {
+        r.set_temperature(1.0f);
+        r.set_seed(77 + i);
+      }));
+    }
+    std::set<std::vector<int>> distinct;
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(choices[i]->WaitDone() && alone[i]->WaitDone());
+      EXPECT_TRUE(choices[i]->status_.ok()) << choices[i]->status_;
+      EXPECT_EQ(choices[i]->tokens_, alone[i]->tokens_) << "choice " << i;
+      distinct.insert(choices[i]->tokens_);
+    }
+    EXPECT_GT(distinct.size(), 1u);
+    engine_->Stop(absl::OkStatus());
+  }
 }
 
 TEST_F(EngineTest, FullQueueIsResourceExhaustedAndDrainIsUnavailable) {

@@ -44,6 +44,62 @@ TEST(ServerTest, SixtyFourConcurrentStreamsFinishAndEveryPolicyMatchesAlone) {
   }
 }
 
+// n choices over gRPC: each message names its choice, each choice ends with its own final
+// message, and choice i is what one request with seed + i streams; the prompt's KV blocks
+// are held once while they run.
+TEST(ServerTest, ChoicesStreamApartAndShareThePromptsBlocks) {
+  Server server({});
+  ASSERT_TRUE(server.WaitReady());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 60; ++i) prompt.push_back(3 + (i * 37) % 200);
+  v1::GenerateRequest request = Greedy(prompt, 24);
+  request.set_temperature(1.0f);
+  request.set_seed(2024);
+  request.set_n(4);
+  double peak_blocks = 0;
+  const Stream choices = server.Generate(request, 120s, [&](const Stream&) {
+    peak_blocks = std::max(peak_blocks, server.Metric("conveyor_kv_blocks_used"));
+    return false;
+  });
+  ASSERT_TRUE(choices.status.ok()) << choices.status.error_message();
+  std::vector<std::vector<int>> tokens(4);
+  std::vector<int> finals(4, 0);
+  for (const v1::GenerateResponse& m : choices.messages) {
+    ASSERT_GE(m.index(), 0);
+    ASSERT_LT(m.index(), 4);
+    tokens[m.index()].insert(tokens[m.index()].end(), m.token_ids().begin(), m.token_ids().end());
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      ++finals[m.index()];
+      EXPECT_EQ(m.usage().prompt_tokens(), static_cast<int>(prompt.size()));
+    }
+  }
+  EXPECT_EQ(finals, std::vector<int>(4, 1));
+  for (int i = 0; i < 4; ++i) {
+    v1::GenerateRequest alone = request;
+    alone.clear_n();
+    alone.set_seed(2024 + i);
+    EXPECT_EQ(tokens[i], server.Generate(alone).tokens) << "choice " << i;
+  }
+  // Alone, each choice holds the blocks of 60 + 24 tokens; together, the prompt's full
+  // blocks once.
+  grpc::ClientContext context;
+  v1::ModelInfoResponse info;
+  ASSERT_TRUE(v1::Conveyor::NewStub(server.channel())
+                  ->GetModelInfo(&context, v1::ModelInfoRequest(), &info)
+                  .ok());
+  const int block = info.kv_block_size();
+  const int per_choice = (60 + 24 + block - 1) / block;
+  const int shared = (60 - 1) / block;
+  EXPECT_GT(peak_blocks, 0);
+  EXPECT_LE(peak_blocks, shared + 4 * (per_choice - shared));
+  EXPECT_LT(peak_blocks, 4 * per_choice);
+  // A bad n is INVALID_ARGUMENT naming it.
+  request.set_n(0);
+  const Stream bad = server.Generate(request);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), HasSubstr("n must be in [1, 128]"));
+}
+
 TEST(ServerTest, PreemptionUnderASmallKvBudgetKeepsOutputsEqual) {
   const std::vector<v1::GenerateRequest> requests = MixedRequests(16, 5);
   std::vector<Stream> alone;

@@ -27,6 +27,7 @@ class RecordingSink final : public scheduler::ResponseSink {
       EXPECT_EQ(FindInvalidUtf8(lp.token().text()), std::string::npos)
           << "invalid UTF-8 in a logprob's text";
     }
+    if (messages_ == 0) first_ = message;
     for (int id : message.token_ids()) tokens_.push_back(id);
     text_ += message.text();
     if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last_ = message;
@@ -61,6 +62,7 @@ class RecordingSink final : public scheduler::ResponseSink {
   std::condition_variable cv_;
   std::vector<int> tokens_;
   std::string text_;
+  v1::GenerateResponse first_;  // The first message.
   v1::GenerateResponse last_;
   absl::Status status_;
   bool finished_ = false;

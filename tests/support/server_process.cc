@@ -71,6 +71,7 @@ Stream Server::Generate(const v1::GenerateRequest& request, std::chrono::millise
     s.tokens.insert(s.tokens.end(), response.token_ids().begin(), response.token_ids().end());
     s.text += response.text();
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) s.last = response;
+    s.messages.push_back(response);
     if (cancel_when && cancel_when(s)) context.TryCancel();
   }
   s.status = reader->Finish();

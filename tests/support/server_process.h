@@ -21,6 +21,7 @@ struct Stream {
   std::string text;
   v1::GenerateResponse last;
   grpc::Status status;
+  std::vector<v1::GenerateResponse> messages;  // Every message, in order.
 };
 
 class Server {

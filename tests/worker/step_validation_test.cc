@@ -177,6 +177,32 @@ TEST_F(StepValidationTest, BadSamplingParameters) {
   ExpectInvalid(step, "num_output_tokens");
 }
 
+TEST_F(StepValidationTest, BadPromptScoring) {
+  StepRequest step;
+  auto* seq = AddNew(&step, 1, 4, 0);
+  seq->set_prompt_logprobs(1000);
+  ExpectInvalid(step, "prompt_logprobs must be in [0, 20]");
+  seq->set_prompt_logprobs(-1);
+  ExpectInvalid(step, "prompt_logprobs must be in [0, 20]");
+  // A scored prompt has no cached tokens: they would have no logits.
+  seq->set_prompt_logprobs(2);
+  seq->set_num_cached_tokens(2);
+  ExpectInvalid(step, "has no cached tokens");
+  seq->set_num_cached_tokens(0);
+  StepResponse response;
+  ASSERT_TRUE(w_->engine->Step(step, &response).ok());
+  // Every prompt token but the first, in order, with two alternatives each.
+  ASSERT_EQ(response.prompt_logprobs_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(response.prompt_logprobs(i).seq_id(), 1u);
+    EXPECT_EQ(response.prompt_logprobs(i).position(), i + 1);
+    EXPECT_EQ(response.prompt_logprobs(i).token_id(), seq->token_ids(i + 1));
+    EXPECT_EQ(response.prompt_logprobs(i).top_logprobs_size(), 2);
+    EXPECT_LE(response.prompt_logprobs(i).logprob(), 0.0f);
+  }
+  EXPECT_EQ(response.tokens_size(), 1);
+}
+
 // A rejected step applies none of its parts, and the engine keeps serving.
 TEST_F(StepValidationTest, RejectedStepChangesNothing) {
   StepRequest first;
