@@ -30,7 +30,7 @@ StepPlan ContinuousPolicy::Plan(RequestPool& pool, Clock::time_point) {
       }
     }
     if (!scheduled) break;
-    plan.sequences.push_back({r, n});
+    plan.sequences.emplace_back(r, n);
     budget -= n;
   }
   // Admitting while preempting would only thrash.
@@ -54,7 +54,7 @@ bool ContinuousPolicy::TryAdmit(RequestPool& pool, int* budget, StepPlan* plan) 
   r->num_computed = match.num_cached_tokens;
   if (!r->scheduled_once) r->num_cached_prompt_tokens = match.num_cached_tokens;
   pool.AdmitFront();
-  plan->sequences.push_back({r, n});
+  plan->sequences.emplace_back(r, n);
   *budget -= n;
   return true;
 }

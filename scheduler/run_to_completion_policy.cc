@@ -62,7 +62,7 @@ StepPlan RunToCompletionPolicy::Plan(RequestPool& pool, Clock::time_point now) {
     const int capacity = r->blocks.num_blocks() * block_size;
     const int n = std::min({r->num_uncomputed(), budget, capacity - r->num_computed});
     if (n <= 0) continue;  // Out of budget, or padding that filled its reservation.
-    plan.sequences.push_back({r, n});
+    plan.sequences.emplace_back(r, n);
     budget -= n;
   }
   return plan;

@@ -922,6 +922,7 @@ Json ResponseFormatter::ChoiceJson() const {
 
 std::string ResponseFormatter::WholeBody(const std::vector<const AnswerFormatter*>& choices) const {
   std::vector<const ResponseFormatter*> mine;
+  mine.reserve(choices.size());
   for (const AnswerFormatter* choice : choices) {
     mine.push_back(static_cast<const ResponseFormatter*>(choice));
   }

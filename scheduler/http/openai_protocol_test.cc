@@ -447,6 +447,7 @@ TEST(ResponseFormatterTest, ChoicesNameTheirIndexAndShareOneBody) {
   auto r = Chat(R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})");
   ASSERT_TRUE(r.ok()) << r.status();
   std::vector<ResponseFormatter> choices;
+  choices.reserve(2);
   for (int i = 0; i < 2; ++i) choices.emplace_back(*r, "chatcmpl-9", 1, "tiny", i);
   std::string sse;
   choices[1].AppendStart(&sse);

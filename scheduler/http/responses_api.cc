@@ -60,7 +60,8 @@ absl::StatusOr<Json> ResponsesContent(const Json& content, const std::string& wh
     }
     ASSIGN_OR_RETURN(std::optional<std::string> text, GetString(part, text_key));
     if (!text.has_value()) {
-      return Invalid(part_where + "." + text_key, part_where + "." + text_key + " is required");
+      const std::string field = absl::StrCat(part_where, ".", text_key);
+      return Invalid(field, absl::StrCat(field, " is required"));
     }
     parts.push_back({{"type", "text"}, {"text", *std::move(text)}});
   }
@@ -420,7 +421,7 @@ absl::Status RenameChatError(const absl::Status& status, Endpoint endpoint) {
   std::string new_param = param.has_value() ? std::string(*param) : "";
   for (const auto& [from, to] : renames) {
     if (new_param.starts_with(from)) {
-      new_param = to + new_param.substr(from.size());
+      new_param = absl::StrCat(to, new_param.substr(from.size()));
       break;
     }
   }

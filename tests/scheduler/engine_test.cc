@@ -546,6 +546,7 @@ TEST_F(EngineTest, ChoicesAreWhatSeparateSeededRequestsGive) {
     }
     ASSERT_TRUE(engine_->SubmitChoices(*std::move(built)).ok());
     std::vector<std::shared_ptr<RecordingSink>> alone;
+    alone.reserve(4);
     for (int i = 0; i < 4; ++i) {
       alone.push_back(Submit(prompt, 12, [&](v1::GenerateRequest& r) {
         r.set_temperature(1.0f);

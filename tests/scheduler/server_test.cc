@@ -50,8 +50,8 @@ TEST(ServerTest, SixtyFourConcurrentStreamsFinishAndEveryPolicyMatchesAlone) {
 TEST(ServerTest, ChoicesStreamApartAndShareThePromptsBlocks) {
   Server server({});
   ASSERT_TRUE(server.WaitReady());
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 60; ++i) prompt.push_back(3 + (i * 37) % 200);
+  std::vector<int32_t> prompt(60);
+  for (int i = 0; i < 60; ++i) prompt[i] = 3 + (i * 37) % 200;
   v1::GenerateRequest request = Greedy(prompt, 24);
   request.set_temperature(1.0f);
   request.set_seed(2024);
