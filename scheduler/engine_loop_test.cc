@@ -83,6 +83,32 @@ class EngineLoopTest : public ::testing::TestWithParam<int> {
     return sink;
   }
 
+  // The n choices of one request over `prompt` (BuildChoices), submitted together.
+  struct Choices {
+    std::vector<uint64_t> ids;
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+  };
+  Choices SubmitChoices(const std::vector<int32_t>& prompt, int n, int max_new,
+                        const std::function<void(v1::GenerateRequest&)>& edit = {}) {
+    v1::GenerateRequest proto;
+    proto.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+    proto.set_max_new_tokens(max_new);
+    proto.set_n(n);
+    if (edit) edit(proto);
+    auto built = BuildChoices(proto, limits_, *tokenizer_);
+    EXPECT_TRUE(built.ok()) << built.status();
+    Choices choices;
+    if (!built.ok()) return choices;
+    for (std::unique_ptr<Request>& r : *built) {
+      choices.sinks.push_back(std::make_shared<RecordingSink>());
+      r->sink = choices.sinks.back();
+    }
+    absl::StatusOr<std::vector<uint64_t>> ids = engine_->SubmitChoices(*std::move(built));
+    EXPECT_TRUE(ids.ok()) << ids.status();
+    choices.ids = ids.value_or(std::vector<uint64_t>());
+    return choices;
+  }
+
   // Waits until the loop has published stats that satisfy `done`.
   bool WaitStats(const std::function<bool(const Engine::Stats&)>& done) {
     for (auto until = std::chrono::steady_clock::now() + 30s;
@@ -324,34 +350,17 @@ TEST_P(EngineLoopTest, CancellingWhileTwoStepsRunLosesNothingElse) {
   EXPECT_EQ(engine_->stats().kv_blocks_used, 0);
 }
 
-// The n choices of one request (BuildChoices), submitted together.
-struct SubmittedChoices {
-  std::vector<uint64_t> ids;
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
-};
+const std::vector<int32_t> kTenTokens = {1, 40, 41, 42, 43, 44, 45, 46, 47, 48};  // 2.5 blocks.
 
 TEST_P(EngineLoopTest, ChoicesShareThePromptsFullBlocksAndSampleApart) {
   MakeEngine(64);
-  v1::GenerateRequest proto;
-  const std::vector<int32_t> prompt = {1, 40, 41, 42, 43, 44, 45, 46, 47, 48};  // 2.5 blocks.
-  proto.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
-  proto.set_max_new_tokens(3);
-  proto.set_n(4);
-  proto.set_seed(100);
-  auto built = BuildChoices(proto, limits_, *tokenizer_);
-  ASSERT_TRUE(built.ok()) << built.status();
-  ASSERT_EQ(built->size(), 4u);
-  SubmittedChoices choices;
-  for (std::unique_ptr<Request>& r : *built) {
-    choices.sinks.push_back(std::make_shared<RecordingSink>());
-    r->sink = choices.sinks.back();
-  }
-  absl::StatusOr<std::vector<uint64_t>> ids = engine_->SubmitChoices(*std::move(built));
-  ASSERT_TRUE(ids.ok()) << ids.status();
+  Choices choices =
+      SubmitChoices(kTenTokens, 4, 3, [](v1::GenerateRequest& r) { r.set_seed(100); });
+  ASSERT_EQ(choices.ids.size(), 4u);
   std::vector<std::vector<int32_t>> scripts;
   for (int i = 0; i < 4; ++i) {
     scripts.push_back({ByteToken('a' + i), ByteToken('k' + i), ByteToken('u' + i)});
-    executor_.ScriptTokens((*ids)[i], scripts.back());
+    executor_.ScriptTokens(choices.ids[i], scripts.back());
   }
   engine_->Start();
   for (int i = 0; i < 4; ++i) {
@@ -367,12 +376,12 @@ TEST_P(EngineLoopTest, ChoicesShareThePromptsFullBlocksAndSampleApart) {
     for (const worker::v1::NewSequence& s : step.new_sequences()) started[s.seq_id()] = s;
   }
   ASSERT_EQ(started.size(), 4u);
-  const worker::v1::NewSequence& leader = started[(*ids)[0]];
+  const worker::v1::NewSequence& leader = started[choices.ids[0]];
   EXPECT_EQ(leader.num_cached_tokens(), 0);
   std::set<int32_t> own_blocks;
   for (int i = 0; i < 4; ++i) {
-    const worker::v1::NewSequence& s = started[(*ids)[i]];
-    EXPECT_THAT(s.token_ids(), ElementsAreArray(prompt));
+    const worker::v1::NewSequence& s = started[choices.ids[i]];
+    EXPECT_THAT(s.token_ids(), ElementsAreArray(kTenTokens));
     EXPECT_EQ(s.sampling().seed(), 100u + i);  // Choice i samples with seed + i.
     ASSERT_GE(s.block_ids_size(), 3);
     if (i > 0) {
@@ -388,22 +397,9 @@ TEST_P(EngineLoopTest, ChoicesShareThePromptsFullBlocksAndSampleApart) {
 
 TEST_P(EngineLoopTest, ChoicesWhoseFirstIsCancelledComputeThePromptThemselves) {
   MakeEngine(64);
-  v1::GenerateRequest proto;
-  for (int32_t token : {1, 40, 41, 42, 43, 44, 45, 46, 47, 48}) {
-    proto.mutable_token_ids()->add_ids(token);
-  }
-  proto.set_max_new_tokens(2);
-  proto.set_n(3);
-  auto built = BuildChoices(proto, limits_, *tokenizer_);
-  ASSERT_TRUE(built.ok()) << built.status();
-  SubmittedChoices choices;
-  for (std::unique_ptr<Request>& r : *built) {
-    choices.sinks.push_back(std::make_shared<RecordingSink>());
-    r->sink = choices.sinks.back();
-  }
-  absl::StatusOr<std::vector<uint64_t>> ids = engine_->SubmitChoices(*std::move(built));
-  ASSERT_TRUE(ids.ok()) << ids.status();
-  engine_->Cancel((*ids)[0]);  // Before the loop runs: the others must not wait for it.
+  Choices choices = SubmitChoices(kTenTokens, 3, 2);
+  ASSERT_EQ(choices.ids.size(), 3u);
+  engine_->Cancel(choices.ids[0]);  // Before the loop runs: the others must not wait for it.
   engine_->Start();
   ASSERT_TRUE(choices.sinks[0]->WaitDone());
   EXPECT_EQ(choices.sinks[0]->status_.code(), absl::StatusCode::kCancelled);
@@ -419,25 +415,12 @@ TEST_P(EngineLoopTest, ChoicesWhoseFirstIsCancelledComputeThePromptThemselves) {
 TEST_P(EngineLoopTest, CancellingEveryChoiceFreesEveryBlock) {
   MakeEngine(512);
   executor_.set_step_delay(2ms);
-  v1::GenerateRequest proto;
-  for (int32_t token : {1, 40, 41, 42, 43, 44, 45, 46, 47, 48}) {
-    proto.mutable_token_ids()->add_ids(token);
-  }
-  proto.set_max_new_tokens(400);
-  proto.set_ignore_eos(true);
-  proto.set_n(5);
-  auto built = BuildChoices(proto, limits_, *tokenizer_);
-  ASSERT_TRUE(built.ok()) << built.status();
-  SubmittedChoices choices;
-  for (std::unique_ptr<Request>& r : *built) {
-    choices.sinks.push_back(std::make_shared<RecordingSink>());
-    r->sink = choices.sinks.back();
-  }
-  absl::StatusOr<std::vector<uint64_t>> ids = engine_->SubmitChoices(*std::move(built));
-  ASSERT_TRUE(ids.ok()) << ids.status();
+  Choices choices =
+      SubmitChoices(kTenTokens, 5, 400, [](v1::GenerateRequest& r) { r.set_ignore_eos(true); });
+  ASSERT_EQ(choices.ids.size(), 5u);
   engine_->Start();
   ASSERT_TRUE(WaitStats([](const Engine::Stats& s) { return s.running == 5; }));
-  for (uint64_t id : *ids) engine_->Cancel(id);
+  for (uint64_t id : choices.ids) engine_->Cancel(id);
   for (const std::shared_ptr<RecordingSink>& sink : choices.sinks) {
     ASSERT_TRUE(sink->WaitDone());
     EXPECT_EQ(sink->status_.code(), absl::StatusCode::kCancelled);
