@@ -655,6 +655,7 @@ void Engine::PublishStats() {
     }
     metrics_->SetPool(running, waiting, blocks_.num_used_blocks(), blocks_.num_blocks(), slots_used,
                       slots_allocated);
+    metrics_->SetCacheConfig(blocks_.block_size(), blocks_.num_blocks());
   }
 }
 

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <sstream>
 
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace conveyor::scheduler {
 namespace {
@@ -40,7 +42,7 @@ std::string CodeLabel(absl::StatusCode code) {
 
 SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::string& model,
                                    const std::string& policy)
-    : model_(model), policy_(policy) {
+    : registry_(&registry), model_(model), policy_(policy) {
   const prometheus::Labels labels{{"model", model}, {"policy", policy}};
   auto histogram = [&](const char* name, const char* help, const Histogram::BucketBoundaries& b) {
     return &prometheus::BuildHistogram().Name(name).Help(help).Register(registry).Add(labels, b);
@@ -73,6 +75,14 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry, const std::st
   waiting_ = gauge("conveyor_requests_waiting", "Requests queued for admission.");
   kv_used_ = gauge("conveyor_kv_blocks_used", "KV blocks referenced by live requests.");
   kv_total_ = gauge("conveyor_kv_blocks_capacity", "KV blocks the workers hold.");
+  kv_usage_ = gauge("conveyor_kv_cache_usage_ratio",
+                    "KV blocks used / KV blocks held, 0 to 1 (the routers' KV utilisation).");
+  cache_config_ = &prometheus::BuildGauge()
+                       .Name("conveyor_cache_config_info")
+                       .Help(
+                           "1, labelled with the KV cache's block_size (tokens) and "
+                           "num_gpu_blocks (blocks the workers hold; vLLM's label names).")
+                       .Register(registry);
   kv_slots_used_ = gauge("conveyor_kv_slots_used",
                          "Token slots of KV blocks that hold computed tokens of running requests.");
   kv_slots_allocated_ =
@@ -238,6 +248,24 @@ void SchedulerMetrics::SetPool(int running, int waiting, int kv_used, int kv_tot
   waiting_->Set(waiting);
   kv_used_->Set(kv_used);
   kv_total_->Set(kv_total);
+  kv_usage_->Set(kv_total > 0 ? static_cast<double>(kv_used) / kv_total : 0.0);
+}
+
+void SchedulerMetrics::SetCacheConfig(int block_size, int num_blocks) {
+  if (block_size == cache_block_size_ && num_blocks == cache_num_blocks_) return;
+  if (cache_config_now_ != nullptr) cache_config_->Remove(cache_config_now_);
+  cache_block_size_ = block_size;
+  cache_num_blocks_ = num_blocks;
+  cache_config_now_ = &cache_config_->Add({{"model", model_},
+                                           {"block_size", std::to_string(block_size)},
+                                           {"num_gpu_blocks", std::to_string(num_blocks)}});
+  cache_config_now_->Set(1);
+}
+
+std::string SchedulerMetrics::Page() const {
+  std::ostringstream page;
+  prometheus::TextSerializer().Serialize(page, registry_->Collect());
+  return page.str();
 }
 
 void SchedulerMetrics::SetWorkersReady(int ready) { workers_ready_->Set(ready); }

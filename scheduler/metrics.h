@@ -1,5 +1,6 @@
 // The scheduler's Prometheus metrics (names and meanings: docs/metrics.md). Every series
-// carries the constant labels model and policy; the only other labels are closed sets.
+// carries the constant labels model and policy; the only other labels are closed sets, and
+// conveyor_cache_config_info's block_size and num_gpu_blocks (constant while the workers are).
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,14 @@ class SchedulerMetrics {
   // slots of the blocks they hold (their ratio shows what block rounding wastes).
   void SetPool(int running, int waiting, int kv_blocks_used, int kv_blocks_total,
                int64_t kv_slots_used, int64_t kv_slots_allocated);
+  // The KV cache's shape, as routers read it (docs/scaling.md): conveyor_cache_config_info's
+  // labels. Called with every SetPool; relabels only when a value changed (a worker
+  // recovery may bring another block count).
+  void SetCacheConfig(int block_size, int num_blocks);
   void SetWorkersReady(int ready);
+  // The metrics page in Prometheus' text format, as --metrics_port serves it (the HTTP
+  // API serves it too, at GET /metrics, where Kubernetes' endpoint pickers scrape).
+  std::string Page() const;
   // Worker failures and recovery (docs/failure-handling.md).
   void CountWorkerFailure();
   void ObserveRecovery(double outage_s);
@@ -71,6 +79,12 @@ class SchedulerMetrics {
   prometheus::Gauge* waiting_;
   prometheus::Gauge* kv_used_;
   prometheus::Gauge* kv_total_;
+  prometheus::Gauge* kv_usage_;
+  prometheus::Registry* registry_;
+  prometheus::Family<prometheus::Gauge>* cache_config_;
+  prometheus::Gauge* cache_config_now_ = nullptr;  // The labels in use, or null.
+  int cache_block_size_ = -1;
+  int cache_num_blocks_ = -1;
   prometheus::Gauge* workers_ready_;
   prometheus::Gauge* kv_slots_used_;
   prometheus::Gauge* kv_slots_allocated_;

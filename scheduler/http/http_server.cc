@@ -31,6 +31,7 @@ constexpr std::string_view kModelPrefix = "/v1/models/";
 
 enum class Route {
   kHealth,
+  kMetrics,
   kModels,
   kModel,
   kCompletions,
@@ -42,6 +43,7 @@ enum class Route {
 
 Route Resolve(std::string_view path) {
   if (path == "/health") return Route::kHealth;
+  if (path == "/metrics") return Route::kMetrics;
   if (path == "/v1/models") return Route::kModels;
   if (path.size() > kModelPrefix.size() && path.starts_with(kModelPrefix)) {
     return Route::kModel;
@@ -568,7 +570,7 @@ std::optional<HttpResponse> HttpServer::CheckHead(const HttpRequestHead& head) {
                         {{"Allow", std::string(MethodFor(route))}}};
   }
   // Credentials are checked before a body is read: a stranger's 16 MiB costs nothing.
-  if (route != Route::kHealth && authenticator_ != nullptr) {
+  if (route != Route::kHealth && route != Route::kMetrics && authenticator_ != nullptr) {
     if (absl::Status auth = authenticator_->Authenticate(head.authorization).status(); !auth.ok()) {
       if (metrics_ != nullptr) metrics_->CountRejected(auth.code(), FrontEnd::kHttp);
       return ErrorResponse(auth);
@@ -586,6 +588,15 @@ void HttpServer::Handle(HttpRequest request, std::shared_ptr<HttpExchange> excha
                                 serving ? R"({"status":"serving"})" : R"({"status":"not_serving"})",
                                 {}});
     }
+    case Route::kMetrics:
+      // The same page as --metrics_port: Kubernetes' endpoint pickers scrape the serving
+      // port (docs/scaling.md).
+      if (metrics_ == nullptr) {
+        return exchange->Respond(
+            ErrorResponse(absl::NotFoundError("this server keeps no metrics")));
+      }
+      return exchange->Respond(
+          {200, "text/plain; version=0.0.4; charset=utf-8", metrics_->Page(), {}});
     case Route::kModels:
       return exchange->Respond(Json200(openai::ModelList(options_.model_name, created_unix_s_)));
     case Route::kModel: {

@@ -179,6 +179,10 @@ TEST_F(HttpApiTest, Logprobs) { RunClientTest(http_port_, ModelName(), "test_log
 
 TEST_F(HttpApiTest, LogitBias) { RunClientTest(http_port_, ModelName(), "test_logit_bias"); }
 
+TEST_F(HttpApiTest, MetricsForRouters) {
+  RunClientTest(http_port_, ModelName(), "test_metrics_for_routers");
+}
+
 TEST_F(HttpApiTest, ResponsesApi) { RunClientTest(http_port_, ModelName(), "test_responses_api"); }
 
 TEST_F(HttpApiTest, MessagesApi) { RunClientTest(http_port_, ModelName(), "test_messages_api"); }

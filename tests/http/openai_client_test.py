@@ -115,6 +115,36 @@ class OpenAiClientTest(unittest.TestCase):
             self.client.models.retrieve("no-such-model")
         self.assertEqual(get("/health"), (200, {"status": "serving"}))
 
+    def test_metrics_for_routers(self):
+        # The page endpoint pickers scrape on the serving port: queue, running, KV usage as
+        # a fraction, and the cache's shape with vLLM's label names.
+        self.complete(max_tokens=2)
+        with urllib.request.urlopen(ARGS.base_url + "/metrics", timeout=60) as response:
+            self.assertEqual(response.status, 200)
+            self.assertIn("text/plain", response.headers["Content-Type"])
+            page = response.read().decode()
+        samples = {}
+        for line in page.splitlines():
+            if line and not line.startswith("#"):
+                series, value = line.rsplit(" ", 1)
+                samples[series] = float(value)
+
+        def only(name):
+            values = [v for k, v in samples.items() if k.split("{")[0] == name]
+            self.assertEqual(len(values), 1, name)
+            return values[0]
+
+        self.assertGreaterEqual(only("conveyor_requests_waiting"), 0)
+        self.assertGreaterEqual(only("conveyor_requests_running"), 0)
+        usage = only("conveyor_kv_cache_usage_ratio")
+        self.assertTrue(0 <= usage <= 1, usage)
+        self.assertEqual(only("conveyor_cache_config_info"), 1)
+        info = next(k for k in samples if k.startswith("conveyor_cache_config_info{"))
+        import re
+        blocks = int(re.search(r'num_gpu_blocks="(\d+)"', info).group(1))
+        self.assertGreater(int(re.search(r'block_size="(\d+)"', info).group(1)), 0)
+        self.assertEqual(blocks, only("conveyor_kv_blocks_capacity"))
+
     def test_completion_whole_and_streamed_agree(self):
         whole = self.complete(max_tokens=12)
         choice = whole.choices[0]
