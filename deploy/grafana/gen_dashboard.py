@@ -212,6 +212,15 @@ def build():
     g.panel("timeseries", "KV blocks", "Blocks referenced by live requests, and blocks held.",
             [(f"sum(conveyor_kv_blocks_used{{{SCHED}}})", "used"),
              (f"sum(conveyor_kv_blocks_capacity{{{SCHED}}})", "total")], "short", 6, 8)
+    g.panel("timeseries", "KV usage per scheduler",
+            "conveyor_kv_cache_usage_ratio: each replica's used / held blocks, the KV "
+            "utilisation routers' endpoint pickers read (docs/scaling.md).",
+            [(f"conveyor_kv_cache_usage_ratio{{{SCHED}}}", "{{instance}}")], "percentunit", 6, 8,
+            min=0, max=1)
+    g.panel("table", "KV cache shape",
+            "conveyor_cache_config_info: tokens per block and blocks held, per replica.",
+            [(f"conveyor_cache_config_info{{{SCHED}}}",
+              "{{instance}}: {{block_size}} tokens x {{num_gpu_blocks}} blocks")], "short", 6, 8)
     g.panel("timeseries", "KV usage ratio",
             "Used blocks / total blocks, and token slots filled / slots allocated to running "
             "requests (what rounding to whole blocks wastes).",
