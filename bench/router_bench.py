@@ -12,6 +12,7 @@ it again once it is back.
 bench/run_router_bench.sh installs the router into a venv and runs this."""
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -195,27 +196,35 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def policy_run(args, policy):
+@contextlib.contextmanager
+def cluster(args, policy):
+    """Fresh replicas (empty prefix caches) and a router with `policy` in front; yields
+    (replicas, the router's port) and stops them all."""
     replicas = [Replica(args, i) for i in range(args.replicas)]
-    for r in replicas:
-        r.start()
-    port = free_port()
-    router = start_router(args, policy, replicas, port)
+    router = None
     try:
-        before = [(metric_sum(r.metrics_port, "conveyor_prefix_cache_hits_total"),
-                   metric_sum(r.metrics_port, "conveyor_prefix_cache_queries_total"),
-                   metric_sum(r.metrics_port, "conveyor_requests_finished_total"))
-                  for r in replicas]
-        outcomes = run(args, port, workload(args, seed=11))
-        after = [(metric_sum(r.metrics_port, "conveyor_prefix_cache_hits_total"),
-                  metric_sum(r.metrics_port, "conveyor_prefix_cache_queries_total"),
-                  metric_sum(r.metrics_port, "conveyor_requests_finished_total"))
-                 for r in replicas]
+        for r in replicas:
+            r.start()
+        port = free_port()
+        router = start_router(args, policy, replicas, port)
+        yield replicas, port
     finally:
-        router.kill()
-        router.wait()
+        if router is not None:
+            router.kill()
+            router.wait()
         for r in replicas:
             r.stop()
+
+
+COUNTERS = ("conveyor_prefix_cache_hits_total", "conveyor_prefix_cache_queries_total",
+            "conveyor_requests_finished_total")
+
+
+def policy_run(args, policy):
+    with cluster(args, policy) as (replicas, port):
+        before = [[metric_sum(r.metrics_port, name) for name in COUNTERS] for r in replicas]
+        outcomes = run(args, port, workload(args, seed=11))
+        after = [[metric_sum(r.metrics_port, name) for name in COUNTERS] for r in replicas]
     hits = sum(a[0] - b[0] for a, b in zip(after, before))
     queries = sum(a[1] - b[1] for a, b in zip(after, before))
     per_replica = [int(a[2] - b[2]) for a, b in zip(after, before)]
@@ -227,16 +236,11 @@ def policy_run(args, policy):
 
 
 def failover_run(args, policy):
-    replicas = [Replica(args, i) for i in range(args.replicas)]
-    for r in replicas:
-        r.start()
-    port = free_port()
-    router = start_router(args, policy, replicas, port)
-    victim = replicas[1]
     requests = workload(args, seed=23) * 2
     third = len(requests) // 3
     phases = {}
-    try:
+    with cluster(args, policy) as (replicas, port):
+        victim = replicas[1]
         phases["before"] = run(args, port, requests[:third])
         served_before = metric_sum(victim.metrics_port, "conveyor_requests_finished_total")
         # Killed while a phase of longer answers runs: requests on it at that moment end
@@ -249,11 +253,6 @@ def failover_run(args, policy):
         time.sleep(args.rejoin_wait_s)
         phases["back"] = run(args, port, requests[2 * third:])
         served_after = metric_sum(victim.metrics_port, "conveyor_requests_finished_total")
-    finally:
-        router.kill()
-        router.wait()
-        for r in replicas:
-            r.stop()
     for name, outcomes in phases.items():
         errors = [m for kind, m in outcomes if kind == "error"]
         print(f"| {name} | {len(outcomes)} | {len(outcomes) - len(errors)} | {len(errors)} | "

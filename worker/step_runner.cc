@@ -24,6 +24,15 @@ absl::Status Invalid(uint64_t seq_id, const std::string& what) {
 // Compiled grammars a runner keeps, with their masks (MaskCache bounds each: a few MiB).
 constexpr size_t kMaxCachedGrammars = 64;
 
+void AddAlternatives(const std::vector<model::TokenLogprob>& alternatives,
+                     google::protobuf::RepeatedPtrField<v1::TokenLogprob>* out) {
+  for (const model::TokenLogprob& alt : alternatives) {
+    v1::TokenLogprob* t = out->Add();
+    t->set_token_id(alt.token_id);
+    t->set_logprob(alt.logprob);
+  }
+}
+
 void AddSampled(uint64_t seq_id, const model::SampleResult& result, bool with_logprob,
                 v1::StepResponse* response) {
   v1::SampledToken* out = response->add_tokens();
@@ -31,11 +40,7 @@ void AddSampled(uint64_t seq_id, const model::SampleResult& result, bool with_lo
   out->set_token_id(result.token_id);
   if (with_logprob) {
     out->set_logprob(result.logprob);
-    for (const model::TokenLogprob& alt : result.top_logprobs) {
-      v1::TokenLogprob* t = out->add_top_logprobs();
-      t->set_token_id(alt.token_id);
-      t->set_logprob(alt.logprob);
-    }
+    AddAlternatives(result.top_logprobs, out->mutable_top_logprobs());
   }
 }
 
@@ -706,11 +711,7 @@ absl::Status StepRunner::RunStep(const v1::StepRequest& request, v1::StepRespons
       out->set_position(pos + 1);
       out->set_token_id(scored.token_id);
       out->set_logprob(scored.logprob);
-      for (const model::TokenLogprob& alt : scored.top_logprobs) {
-        v1::TokenLogprob* t = out->add_top_logprobs();
-        t->set_token_id(alt.token_id);
-        t->set_logprob(alt.logprob);
-      }
+      AddAlternatives(scored.top_logprobs, out->mutable_top_logprobs());
     }
   }
   const double sample_ms = MillisSince(sample_start);

@@ -469,12 +469,12 @@ std::string_view ErrorType(int http_status) {
 }
 
 Json ErrorJson(const absl::Status& status) {
-  const absl::optional<absl::Cord> param = status.GetPayload(kParamPayload);
+  const std::optional<std::string> param = ParamPayload(status);
   const absl::optional<absl::Cord> code = status.GetPayload(kCodePayload);
   Json error = Json::object();
   error["message"] = std::string{status.message()};
   error["type"] = ErrorType(HttpStatusFor(status));
-  error["param"] = param.has_value() ? Json(std::string{*param}) : Json();
+  error["param"] = param.has_value() ? Json(*param) : Json();
   error["code"] = code.has_value() ? Json(std::string{*code}) : Json();
   return Json{{"error", std::move(error)}};
 }
@@ -574,6 +574,12 @@ absl::Status RenameBuildError(const absl::Status& status) {
 absl::Status WithParam(absl::Status status, absl::string_view param) {
   status.SetPayload(kParamPayload, absl::Cord(param));
   return status;
+}
+
+std::optional<std::string> ParamPayload(const absl::Status& status) {
+  const absl::optional<absl::Cord> param = status.GetPayload(kParamPayload);
+  if (!param.has_value()) return std::nullopt;
+  return std::string(*param);
 }
 
 absl::Status WithCode(absl::Status status, absl::string_view code) {
@@ -816,7 +822,8 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
   }
   const std::string finish = Dump(FinishReasonJson(message.finish_reason()));
   if (endpoint_ == Endpoint::kCompletions) {
-    const std::string text = TakeEcho() + message.text();
+    std::string scratch;
+    const std::string& text = TextWithEcho(message, &scratch);
     if (!text.empty() || has_logprobs || final) {
       sse->append(
           Chunk(absl::StrCat(index_field_, R"(,"text":)", Dump(Json(text)), R"(,"logprobs":)",
@@ -868,11 +875,17 @@ v1::Usage ResponseFormatter::SumUsage(const std::vector<v1::Usage>& choices) {
   return sum;
 }
 
-std::string ResponseFormatter::TakeEcho() { return std::exchange(echo_text_, ""); }
+const std::string& ResponseFormatter::TextWithEcho(const v1::GenerateResponse& message,
+                                                   std::string* scratch) {
+  if (echo_text_.empty()) return message.text();
+  *scratch = std::exchange(echo_text_, "") + message.text();
+  return *scratch;
+}
 
 void ResponseFormatter::Add(const v1::GenerateResponse& message) {
   const bool final = message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
-  ReasoningDelta split = SplitReasoning(TakeEcho() + message.text(), final);
+  std::string scratch;
+  ReasoningDelta split = SplitReasoning(TextWithEcho(message, &scratch), final);
   reasoning_ += split.reasoning;
   text_ += split.content;
   if (logprobs_) AppendLogprobs(message, &logprobs_json_);

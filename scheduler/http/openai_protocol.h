@@ -139,6 +139,8 @@ absl::Status RenameBuildError(const absl::Status& status);
 
 // `status` with the request field at fault, reported as the error's "param".
 absl::Status WithParam(absl::Status status, absl::string_view param);
+// The request field `status` names (WithParam), if any.
+std::optional<std::string> ParamPayload(const absl::Status& status);
 // `status` with an OpenAI error code ("model_not_found", "unknown_url", ...).
 absl::Status WithCode(absl::Status status, absl::string_view code);
 // 400 for bad input, 401/403 for credentials, 404, 429 (queue full), 503 (not ready,
@@ -243,10 +245,13 @@ class ResponseFormatter final : public AnswerFormatter {
   const std::string index_field_;
   // Echo: the prompt's text, sent before the first message's; then empty.
   std::string echo_text_;
-  std::string TakeEcho();   // {"index":N, as every chunk's choice opens.
-  const Json head_;         // id, object, created, model.
-  std::string chunk_head_;  // A chunk's JSON up to its choices: {"id":...,"choices":[
-  int text_offset_ = 0;     // Completions' text_offset of the next token.
+  // `message`'s text, after the echoed prompt the first time (then built in `scratch`).
+  const std::string& TextWithEcho(
+      const v1::GenerateResponse& message,
+      std::string* scratch);  // {"index":N, as every chunk's choice opens.
+  const Json head_;           // id, object, created, model.
+  std::string chunk_head_;    // A chunk's JSON up to its choices: {"id":...,"choices":[
+  int text_offset_ = 0;       // Completions' text_offset of the next token.
   // Finishes the tool-call parse of a whole response (non-streaming).
   void FinishToolCalls();
   // A streamed chunk's tool_calls array for `calls`.

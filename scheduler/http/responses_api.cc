@@ -417,8 +417,8 @@ absl::Status RenameChatError(const absl::Status& status, Endpoint endpoint) {
                                         {"response_format", "text.format"},
                                         {"messages", "input"}}
                               : Renames{{"max_completion_tokens", "max_tokens"}};
-  const auto param = status.GetPayload("type.conveyor/openai.param");
-  std::string new_param = param.has_value() ? std::string(*param) : "";
+  const std::optional<std::string> param = ParamPayload(status);
+  std::string new_param = param.value_or("");
   for (const auto& [from, to] : renames) {
     if (new_param.starts_with(from)) {
       new_param = absl::StrCat(to, new_param.substr(from.size()));

@@ -82,12 +82,9 @@ TEST(ServerTest, ChoicesStreamApartAndShareThePromptsBlocks) {
   }
   // Alone, each choice holds the blocks of 60 + 24 tokens; together, the prompt's full
   // blocks once.
-  grpc::ClientContext context;
-  v1::ModelInfoResponse info;
-  ASSERT_TRUE(v1::Conveyor::NewStub(server.channel())
-                  ->GetModelInfo(&context, v1::ModelInfoRequest(), &info)
-                  .ok());
-  const int block = info.kv_block_size();
+  const std::optional<v1::ModelInfoResponse> info = server.ModelInfo();
+  ASSERT_TRUE(info.has_value());
+  const int block = info->kv_block_size();
   const int per_choice = (60 + 24 + block - 1) / block;
   const int shared = (60 - 1) / block;
   EXPECT_GT(peak_blocks, 0);

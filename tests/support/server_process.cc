@@ -50,11 +50,16 @@ Server::Server(std::vector<std::string> flags, bool start_worker) {
   stub_ = v1::Conveyor::NewStub(channel_);
 }
 
+std::optional<v1::ModelInfoResponse> Server::ModelInfo() {
+  grpc::ClientContext context;
+  v1::ModelInfoResponse info;
+  if (!stub_->GetModelInfo(&context, v1::ModelInfoRequest(), &info).ok()) return std::nullopt;
+  return info;
+}
+
 bool Server::WaitReady() {
   for (int i = 0; i < 300; ++i) {
-    grpc::ClientContext context;
-    v1::ModelInfoResponse info;
-    if (stub_->GetModelInfo(&context, v1::ModelInfoRequest(), &info).ok()) return true;
+    if (ModelInfo().has_value()) return true;
     std::this_thread::sleep_for(50ms);
   }
   return false;

@@ -34,6 +34,9 @@ class Server {
   // Waits until the workers are initialised (GetModelInfo stops being UNAVAILABLE).
   bool WaitReady();
 
+  // GetModelInfo's answer, or nullopt while it fails (the workers are not ready).
+  std::optional<v1::ModelInfoResponse> ModelInfo();
+
   // Streams one generation; `cancel_when` is asked after each message.
   Stream Generate(const v1::GenerateRequest& request,
                   std::chrono::milliseconds timeout = std::chrono::seconds(120),
