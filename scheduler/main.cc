@@ -328,7 +328,7 @@ int main(int argc, char** argv) {
   engine.Start();
 
   if (http != nullptr) {
-    http->SetEngine(&engine, replica.limits);
+    http->SetEngine(&engine, replica.limits, replica.model_info);
     http->SetServing(true);
   }
   api.SetEngine(&engine, replica.limits, replica.model_info);

@@ -251,6 +251,11 @@ void SchedulerMetrics::SetPool(int running, int waiting, int kv_used, int kv_tot
   kv_usage_->Set(kv_total > 0 ? static_cast<double>(kv_used) / kv_total : 0.0);
 }
 
+SchedulerMetrics::Load SchedulerMetrics::CurrentLoad() const {
+  return {static_cast<int>(running_->Value()), static_cast<int>(waiting_->Value()),
+          static_cast<int64_t>(kv_slots_used_->Value())};
+}
+
 void SchedulerMetrics::SetCacheConfig(int block_size, int num_blocks) {
   if (block_size == cache_block_size_ && num_blocks == cache_num_blocks_) return;
   if (cache_config_now_ != nullptr) cache_config_->Remove(cache_config_now_);

@@ -58,6 +58,14 @@ class SchedulerMetrics {
   // recovery may bring another block count).
   void SetCacheConfig(int block_size, int num_blocks);
   void SetWorkersReady(int ready);
+  // The pool as the last SetPool left it, for the routers that poll a load endpoint
+  // instead of scraping (SGLang's: GET /get_load, docs/scaling.md).
+  struct Load {
+    int running = 0;
+    int waiting = 0;
+    int64_t kv_slots_used = 0;
+  };
+  Load CurrentLoad() const;
   // The metrics page in Prometheus' text format, as --metrics_port serves it (the HTTP
   // API serves it too, at GET /metrics, where Kubernetes' endpoint pickers scrape).
   std::string Page() const;

@@ -1,7 +1,9 @@
 #include "scheduler/server_config.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
@@ -11,6 +13,15 @@ absl::Status ValidateServerConfig(const ServerConfig& config) {
   if (config.model_dir.empty()) {
     return absl::InvalidArgumentError(
         "--model is required (the model directory or .gguf file the workers load)");
+  }
+  // A name a client can write in "model": printable, no spaces, not too long.
+  if (config.model_name.empty() || config.model_name.size() > 256 ||
+      std::any_of(config.model_name.begin(), config.model_name.end(),
+                  [](unsigned char c) { return c <= ' ' || c == 0x7f; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--served_model_name must be 1 to 256 characters without spaces or control "
+                     "characters, got \"",
+                     absl::CHexEscape(config.model_name.substr(0, 300)), "\""));
   }
   if (config.max_steps_in_flight < 0 || config.max_steps_in_flight > 2) {
     return absl::InvalidArgumentError(absl::StrCat(

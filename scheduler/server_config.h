@@ -26,7 +26,7 @@ namespace conveyor::scheduler {
 struct ServerConfig {
   // The model the workers load, a directory (Hugging Face layout) or a .gguf file (which
   // then also holds the tokenizer and chat template), and the name the APIs give the
-  // model (the directory's or file's name).
+  // model (--served_model_name, else the directory's or file's name).
   std::string model_dir;
   std::string model_name;
 

@@ -31,6 +31,11 @@ TEST(ServerConfigTest, RefusalsNameTheFlagToFix) {
   };
   const Case cases[] = {
       {"no model", [](ServerConfig& c) { c.model_dir.clear(); }, "--model"},
+      {"a model name with a space", [](ServerConfig& c) { c.model_name = "my model"; },
+       "--served_model_name"},
+      {"an empty model name", [](ServerConfig& c) { c.model_name.clear(); }, "--served_model_name"},
+      {"a 257-character model name", [](ServerConfig& c) { c.model_name.assign(257, 'm'); },
+       "--served_model_name"},
       {"3 steps in flight", [](ServerConfig& c) { c.max_steps_in_flight = 3; },
        "--max_steps_in_flight"},
       {"-1 steps in flight", [](ServerConfig& c) { c.max_steps_in_flight = -1; },

@@ -16,6 +16,10 @@ ABSL_FLAG(int, metrics_port, 9400, "Port for Prometheus metrics (/metrics); 0 di
 ABSL_FLAG(std::string, model, "",
           "Model the workers load: a directory (Hugging Face layout) or one .gguf file, "
           "which then also gives the tokenizer and chat template.");
+ABSL_FLAG(std::string, served_model_name, "",
+          "The model's name in the APIs and the metrics' model label (a request's \"model\"); "
+          "empty: the --model directory's or file's name. Replicas behind one router serve "
+          "one name.");
 ABSL_FLAG(std::string, workers, "127.0.0.1:50061",
           "Comma-separated host:port of the worker ranks, rank 0 first.");
 ABSL_FLAG(std::string, policy, "continuous", "Batching policy: continuous, static or dynamic.");
@@ -156,7 +160,10 @@ std::string RandomSchedulerId() {
 absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   ServerConfig c;
   c.model_dir = absl::GetFlag(FLAGS_model);
-  c.model_name = std::filesystem::path(c.model_dir).filename().string();
+  c.model_name = absl::GetFlag(FLAGS_served_model_name);
+  if (c.model_name.empty()) {
+    c.model_name = std::filesystem::path(c.model_dir).filename().string();
+  }
 
   c.host = absl::GetFlag(FLAGS_host);
   c.port = absl::GetFlag(FLAGS_port);

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "scheduler/front_end.h"
 #include "scheduler/http/responses_api.h"
+#include "scheduler/http/router_endpoints.h"
 #include "scheduler/http/tls_identity.h"
 #include "spdlog/spdlog.h"
 #include "text/gguf_tokenizer.h"
@@ -34,10 +35,15 @@ enum class Route {
   kMetrics,
   kModels,
   kModel,
+  kServerInfo,
+  kModelInfo,
+  kLoad,
   kCompletions,
   kChatCompletions,
   kResponses,
   kMessages,
+  kCompletionsRender,
+  kChatRender,
   kUnknown
 };
 
@@ -48,6 +54,12 @@ Route Resolve(std::string_view path) {
   if (path.size() > kModelPrefix.size() && path.starts_with(kModelPrefix)) {
     return Route::kModel;
   }
+  // SGLang's router's names (router_endpoints.h), and its older ones.
+  if (path == "/server_info" || path == "/get_server_info") return Route::kServerInfo;
+  if (path == "/model_info" || path == "/get_model_info") return Route::kModelInfo;
+  if (path == "/get_load") return Route::kLoad;
+  if (path == "/v1/completions/render") return Route::kCompletionsRender;
+  if (path == "/v1/chat/completions/render") return Route::kChatRender;
   if (path == "/v1/completions") return Route::kCompletions;
   if (path == "/v1/chat/completions") return Route::kChatCompletions;
   if (path == "/v1/responses") return Route::kResponses;
@@ -60,11 +72,18 @@ bool Generates(Route route) {
          route == Route::kResponses || route == Route::kMessages;
 }
 
-absl::string_view MethodFor(Route route) { return Generates(route) ? "POST" : "GET"; }
+bool Renders(Route route) {
+  return route == Route::kCompletionsRender || route == Route::kChatRender;
+}
+
+absl::string_view MethodFor(Route route) {
+  return Generates(route) || Renders(route) ? "POST" : "GET";
+}
 
 Endpoint EndpointFor(Route route) {
   switch (route) {
     case Route::kChatCompletions:
+    case Route::kChatRender:
       return Endpoint::kChatCompletions;
     case Route::kResponses:
       return Endpoint::kResponses;
@@ -540,14 +559,32 @@ absl::Status HttpServer::Start() {
 
 int HttpServer::port() const { return transport_ == nullptr ? 0 : transport_->port(); }
 
-void HttpServer::SetEngine(Engine* engine, const ServingLimits& limits) {
+void HttpServer::SetEngine(Engine* engine, const ServingLimits& limits,
+                           const v1::ModelInfoResponse& info) {
   limits_ = limits;
+  server_info_body_ = openai::ServerInfoBody(info, options_.model_dir);
+  model_info_body_ = openai::ModelInfoBody(info, options_.model_dir);
   parse_options_.max_logprobs = limits.max_logprobs;
   engine_.store(engine);
 }
 
 void HttpServer::Stop() {
   if (transport_ != nullptr) transport_->Stop();
+}
+
+HttpResponse HttpServer::RouterInfo(std::string_view path) const {
+  const Route route = Resolve(path);
+  // The bodies are written before engine_ is published.
+  if (engine_.load() == nullptr) {
+    return ErrorResponse(absl::UnavailableError("no model worker is ready yet; retry shortly"));
+  }
+  if (route == Route::kServerInfo) return Json200(server_info_body_);
+  if (route == Route::kModelInfo) return Json200(model_info_body_);
+  if (metrics_ == nullptr) {
+    return ErrorResponse(absl::NotFoundError("this server keeps no load figures"));
+  }
+  const SchedulerMetrics::Load load = metrics_->CurrentLoad();
+  return Json200(openai::LoadBody(load.running, load.waiting, load.kv_slots_used));
 }
 
 std::string HttpServer::ErrorBody(int status, std::string_view message) {
@@ -570,7 +607,12 @@ std::optional<HttpResponse> HttpServer::CheckHead(const HttpRequestHead& head) {
                         {{"Allow", std::string(MethodFor(route))}}};
   }
   // Credentials are checked before a body is read: a stranger's 16 MiB costs nothing.
-  if (route != Route::kHealth && route != Route::kMetrics && authenticator_ != nullptr) {
+  // What health checks, scrapers and routers poll is open, as on the metrics port:
+  // sglang-router asks /server_info, /model_info and /get_load without a token.
+  const bool open = route == Route::kHealth || route == Route::kMetrics ||
+                    route == Route::kServerInfo || route == Route::kModelInfo ||
+                    route == Route::kLoad;
+  if (!open && authenticator_ != nullptr) {
     if (absl::Status auth = authenticator_->Authenticate(head.authorization).status(); !auth.ok()) {
       if (metrics_ != nullptr) metrics_->CountRejected(auth.code(), FrontEnd::kHttp);
       return ErrorResponse(auth);
@@ -605,6 +647,23 @@ void HttpServer::Handle(HttpRequest request, std::shared_ptr<HttpExchange> excha
         return exchange->Respond(ErrorResponse(openai::ModelNotFoundError(model, parse_options_)));
       }
       return exchange->Respond(Json200(openai::ModelObject(options_.model_name, created_unix_s_)));
+    }
+    case Route::kServerInfo:
+    case Route::kModelInfo:
+    case Route::kLoad:
+      return exchange->Respond(RouterInfo(request.head().path));
+    case Route::kCompletionsRender:
+    case Route::kChatRender: {
+      if (engine_.load() == nullptr) {
+        return Reject(absl::UnavailableError("no model worker is ready yet; retry shortly"),
+                      *exchange);
+      }
+      const Endpoint endpoint = EndpointFor(Resolve(request.head().path));
+      auto owned = std::make_shared<HttpRequest>(std::move(request));
+      // The chat template and tokenizing take time in proportion to the body.
+      transport_->Offload(
+          [this, endpoint, owned, exchange] { Render(endpoint, *owned, *exchange); });
+      return;
     }
     case Route::kCompletions:
     case Route::kChatCompletions:
@@ -691,6 +750,21 @@ void HttpServer::Generate(Endpoint endpoint, HttpRequest& request,
     if (std::shared_ptr<GenerationSink> answer = weak.lock()) answer->Cancel();
     grant->Release();
   });
+}
+
+void HttpServer::Render(Endpoint endpoint, HttpRequest& request, HttpExchange& exchange) {
+  openai::ParsedRequest parsed;
+  absl::StatusOr<std::vector<std::unique_ptr<Request>>> built = openai::BuildOpenAiRequest(
+      endpoint, request.body(), parse_options_, chat_, limits_, *tokenizer_, &parsed);
+  request.ReleaseBody();
+  if (!built.ok()) return Reject(built.status(), exchange, endpoint);
+  const Request& first = *built->front();
+  const std::vector<int32_t> prompt(first.tokens.begin(),
+                                    first.tokens.begin() + first.num_prompt_tokens);
+  const std::string id = absl::StrCat(
+      endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-", next_id_.fetch_add(1));
+  exchange.Respond(Json200(openai::RenderBody(endpoint, id, options_.model_name, prompt,
+                                              parsed.generate, parsed.stream)));
 }
 
 void HttpServer::Reject(const absl::Status& status, HttpExchange& exchange,

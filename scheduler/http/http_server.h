@@ -73,8 +73,9 @@ class HttpServer final : private HttpHandler {
 
   // Requires a bearer token (the Authorization header) on every /v1 request: 401 without
   // a valid one (before its body is read), 429 when the token's concurrent generations
-  // are all in use. /health stays open. Must be called before Start; `authenticator` must
-  // outlive the server.
+  // are all in use. /health, /metrics and the routers' /server_info, /model_info and
+  // /get_load stay open. Must be called before Start; `authenticator` must outlive the
+  // server.
   void SetAuthenticator(TokenAuthenticator* authenticator);
 
   // Serves HTTPS with this certificate and key (PEM files), read at Start and again when
@@ -89,9 +90,10 @@ class HttpServer final : private HttpHandler {
   // The bound port (after Start).
   int port() const;
 
-  // Makes generation possible with `engine` under `limits`. The engine must be stopped
-  // (every request finished) before Stop, and outlive it.
-  void SetEngine(Engine* engine, const ServingLimits& limits);
+  // Makes generation possible with `engine` under `limits`; `info` is the replica's model
+  // and shape, as the routers' info endpoints answer it. The engine must be stopped (every
+  // request finished) before Stop, and outlive it.
+  void SetEngine(Engine* engine, const ServingLimits& limits, const v1::ModelInfoResponse& info);
   // What /health answers: 200 while serving, 503 otherwise (gRPC health's SERVING).
   void SetServing(bool serving) { serving_.store(serving); }
 
@@ -104,11 +106,16 @@ class HttpServer final : private HttpHandler {
   std::optional<HttpResponse> CheckHead(const HttpRequestHead& head) override;
   void Handle(HttpRequest request, std::shared_ptr<HttpExchange> exchange) override;
   std::string ErrorBody(int status, std::string_view message) override;
+  // GET /server_info, /model_info or /get_load (`path`): for the routers.
+  HttpResponse RouterInfo(std::string_view path) const;
 
   // A generation request, on the offload pool from parsing to Submit.
   void Generate(openai::Endpoint endpoint, HttpRequest& request,
                 const std::shared_ptr<HttpExchange>& exchange,
                 const std::shared_ptr<TokenAuthenticator::Grant>& grant);
+  // POST /v1/completions/render or /v1/chat/completions/render (router_endpoints.h), on
+  // the offload pool.
+  void Render(openai::Endpoint endpoint, HttpRequest& request, HttpExchange& exchange);
   // The error answer for `status`, counted as a rejected HTTP request.
   // Answers `status` in the shape of `endpoint`'s API.
   void Reject(const absl::Status& status, HttpExchange& exchange,
@@ -129,7 +136,9 @@ class HttpServer final : private HttpHandler {
   std::vector<int32_t> reasoning_end_ids_;
 
   std::atomic<Engine*> engine_{nullptr};
-  ServingLimits limits_;  // Written by SetEngine before engine_ is published.
+  // Written by SetEngine before engine_ is published.
+  ServingLimits limits_;
+  std::string server_info_body_, model_info_body_;
   openai::ParseOptions parse_options_;
   std::atomic<bool> serving_{false};
   std::atomic<uint64_t> next_id_{1};

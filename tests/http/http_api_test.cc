@@ -183,6 +183,10 @@ TEST_F(HttpApiTest, MetricsForRouters) {
   RunClientTest(http_port_, ModelName(), "test_metrics_for_routers");
 }
 
+TEST_F(HttpApiTest, RouterEndpoints) {
+  RunClientTest(http_port_, ModelName(), "test_router_endpoints");
+}
+
 TEST_F(HttpApiTest, ResponsesApi) { RunClientTest(http_port_, ModelName(), "test_responses_api"); }
 
 TEST_F(HttpApiTest, MessagesApi) { RunClientTest(http_port_, ModelName(), "test_messages_api"); }

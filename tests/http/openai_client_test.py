@@ -145,6 +145,53 @@ class OpenAiClientTest(unittest.TestCase):
         self.assertGreater(int(re.search(r'block_size="(\d+)"', info).group(1)), 0)
         self.assertEqual(blocks, only("conveyor_kv_blocks_capacity"))
 
+    def test_router_endpoints(self):
+        # What SGLang's router reads when it registers a server, and polls for load.
+        status, info = get("/server_info")
+        self.assertEqual(status, 200, info)
+        self.assertEqual(get("/get_server_info"), (200, info))
+        self.assertEqual(info["served_model_name"], ARGS.model)
+        self.assertEqual((info["tp_size"], info["dp_size"]), (1, 1))
+        self.assertGreater(info["max_total_tokens"], 0)
+        self.assertEqual(info["max_total_tokens"] % info["page_size"], 0)
+        status, model = get("/model_info")
+        self.assertEqual(status, 200, model)
+        self.assertEqual(get("/get_model_info"), (200, model))
+        self.assertTrue(model["is_generation"])
+        self.assertEqual(model["served_model_name"], ARGS.model)
+        status, load = get("/get_load")
+        self.assertEqual(status, 200, load)
+        self.assertEqual(len(load), 1)
+        self.assertEqual(load[0]["dp_rank"], 0)
+        self.assertGreaterEqual(load[0]["num_reqs"], load[0]["num_waiting_reqs"])
+        self.assertGreaterEqual(load[0]["num_tokens"], 0)
+
+        # vLLM's Renderer API (vllm-router's cache-aware policy routes on it): the tokens a
+        # request's prompt is computed as. Fed back as a completion's prompt, a chat's
+        # rendered tokens give the chat's greedy answer.
+        status, rendered = post("/v1/completions/render",
+                                {"model": ARGS.model, "prompt": PROMPT, "max_tokens": 5})
+        self.assertEqual(status, 200, rendered)
+        self.assertEqual(len(rendered), 1)
+        self.assertEqual(rendered[0]["model"], ARGS.model)
+        self.assertEqual(rendered[0]["sampling_params"]["max_tokens"], 5)
+        self.assertEqual(len(rendered[0]["token_ids"]), self.complete().usage.prompt_tokens)
+        status, again = post("/v1/completions/render", {"prompt": rendered[0]["token_ids"]})
+        self.assertEqual(again[0]["token_ids"], rendered[0]["token_ids"])
+        status, chat = post("/v1/chat/completions/render",
+                            {"model": ARGS.model, "messages": MESSAGES, "temperature": 0})
+        self.assertEqual(status, 200, chat)
+        self.assertTrue(chat["request_id"].startswith("chatcmpl-"), chat)
+        self.assertEqual(chat["sampling_params"], {"temperature": 0})
+        answer = self.chat(max_tokens=8)
+        self.assertEqual(len(chat["token_ids"]), answer.usage.prompt_tokens)
+        self.assertEqual(self.complete(prompt=chat["token_ids"], max_tokens=8).choices[0].text,
+                         answer.choices[0].message.content)
+        status, body = post("/v1/chat/completions/render",
+                            {"model": "not-" + ARGS.model, "messages": MESSAGES})
+        self.assertEqual(status, 404, body)
+        self.assertErrorShape(body, 404)
+
     def test_completion_whole_and_streamed_agree(self):
         whole = self.complete(max_tokens=12)
         choice = whole.choices[0]

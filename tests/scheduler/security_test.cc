@@ -338,6 +338,11 @@ TEST_F(SecuredServerTest, HttpsNeedsTheTokenAndRefusesPlainHttp) {
   EXPECT_EQ(Curl(base + "/v1/models", ca), 401);
   EXPECT_EQ(Curl(base + "/v1/models", ca + " -H 'Authorization: Bearer wrong-0123456789abc'"), 401);
   EXPECT_EQ(Curl(base + "/v1/models", ca + " -H 'Authorization: Bearer " + kBobToken + "'"), 200);
+  // What scrapers and routers poll is open (docs/security.md); rendering a prompt is not.
+  for (const char* open : {"/metrics", "/server_info", "/model_info", "/get_load"}) {
+    EXPECT_EQ(Curl(base + open, ca), 200) << open;
+  }
+  EXPECT_EQ(Curl(base + "/v1/completions/render", ca + " -d '{\"prompt\": \"hi\"}'"), 401);
   EXPECT_EQ(Curl("http://localhost:" + std::to_string(http_port_) + "/v1/models", ""), 0);
   // curl trusting only the system's CAs does not accept the test CA's certificate.
   EXPECT_EQ(Curl(base + "/health", ""), 0);
