@@ -9,7 +9,11 @@ replica is killed mid-run and restarted: every request must end (a full answer o
 error status, none hangs), the router must stop sending to the dead replica and send to
 it again once it is back.
 
-bench/run_router_bench.sh installs the router into a venv and runs this."""
+Exits 1 (each reason on a FAIL line) when a request failed while every replica was up,
+a request did not end, the restarted replica was not routed to again, or, when both
+ran, cache_aware's hit rate was not above round_robin's: tests/router/router_test.sh
+runs it as a test. bench/run_router_bench.sh installs the router into a venv and runs
+this."""
 
 import argparse
 import contextlib
@@ -52,6 +56,11 @@ def metric_sum(port, name):
     return total
 
 
+# The name every replica serves; requests name it (sglang-router refuses a completion
+# without a model, and fills a chat request's missing one with "unknown").
+MODEL = "conveyor-demo"
+
+
 class Replica:
     """One tensor-parallel group: a worker and the scheduler that drives it."""
 
@@ -70,7 +79,8 @@ class Replica:
                               f"--port={self.worker_port}", "--metrics_port=0",
                               f"--threads={a.threads}"], stdout=log, stderr=log),
             subprocess.Popen([f"{a.build_dir}/scheduler/conveyor-scheduler",
-                              f"--model={a.model_dir}", f"--workers=127.0.0.1:{self.worker_port}",
+                              f"--model={a.model_dir}", f"--served_model_name={MODEL}",
+                              f"--workers=127.0.0.1:{self.worker_port}",
                               f"--port={self.grpc_port}", f"--http_port={self.http_port}",
                               f"--metrics_port={self.metrics_port}",
                               f"--kv_cache_bytes={a.kv_cache_bytes}"], stdout=log, stderr=log)]
@@ -115,6 +125,8 @@ def start_router(args, policy, replicas, port):
                "--port", str(port), "--policy", policy, "--worker-urls", *[r.url for r in replicas],
                "--health-check-interval-secs", "1",
                "--cb-timeout-duration-secs", str(args.breaker_timeout_s),
+               # Its own metrics page on a free port (the default, 29000, may be taken).
+               "--prometheus-port", str(free_port()),
                "--log-level", "warn" if sglang else "warning"]
     proc = subprocess.Popen(command, stdout=log, stderr=log)
     deadline = time.time() + 60
@@ -132,7 +144,7 @@ def complete(port, prompt, max_tokens, timeout=120):
     """Streams a completion through `port`; returns (TTFT seconds, text). Raises on a
     non-200 answer (RuntimeError with the status) or a broken stream."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                        "stream": True, "ignore_eos": True})
     start = time.perf_counter()
     connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -233,11 +245,17 @@ def policy_run(args, policy):
     print(f"| {policy} | {len(outcomes)} | {errors} | {hits / max(queries, 1):.1%} | "
           f"{statistics.median(ttfts) * 1000:.0f} | {percentile(ttfts, 0.9) * 1000:.0f} | "
           f"{' / '.join(map(str, per_replica))} |", flush=True)
+    return errors, hits / max(queries, 1)
 
 
 def failover_run(args, policy):
+    """Returns whether every request ended, none failed while every replica was up, and
+    the killed replica served again once back."""
     requests = workload(args, seed=23) * 2
     third = len(requests) // 3
+    # Once it is back, tenants the router has not seen: a cache-aware router keeps the
+    # ones it has seen where their prefixes are, and sends new ones to the least loaded.
+    requests[2 * third:] = workload(args, seed=29)[:len(requests) - 2 * third]
     phases = {}
     with cluster(args, policy) as (replicas, port):
         victim = replicas[1]
@@ -261,7 +279,8 @@ def failover_run(args, policy):
           f"{served_after:.0f} after it came back (its counters restart at 0)")
     ended = sum(len(o) for o in phases.values())
     print(f"every request ended: {ended} of {len(requests)}")
-    return ended == len(requests) and served_after > 0
+    up_errors = sum(kind == "error" for name in ("before", "back") for kind, _ in phases[name])
+    return ended == len(requests) and up_errors == 0 and (served_after or 0) > 0
 
 
 def main():
@@ -295,13 +314,23 @@ def main():
     print("| policy | requests | errors | prefix-cache hit rate | TTFT p50 ms | TTFT p90 ms | "
           "requests per replica |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for policy in args.policies:
-        policy_run(args, policy)
+    results = {policy: policy_run(args, policy) for policy in args.policies}
     print(f"\nOne replica killed and restarted ({args.policies[0]}):\n")
     print("| phase | requests | ok | errors | error kinds |")
     print("| --- | --- | --- | --- | --- |")
-    ok = failover_run(args, args.policies[0])
-    sys.exit(0 if ok else 1)
+    failures = [] if failover_run(args, args.policies[0]) else [
+        "failover: a request did not end, one failed while every replica was up, or the "
+        "killed replica served nothing once back"]
+    failures += [f"{policy}: {errors} request(s) failed"
+                 for policy, (errors, _) in results.items() if errors]
+    if "cache_aware" in results and "round_robin" in results:
+        cache_aware, round_robin = results["cache_aware"][1], results["round_robin"][1]
+        if cache_aware <= round_robin:
+            failures.append(f"cache_aware's prefix-cache hit rate ({cache_aware:.1%}) is not "
+                            f"above round_robin's ({round_robin:.1%})")
+    for failure in failures:
+        print(f"FAIL {failure}")
+    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,14 @@ while (($#)); do
   esac
 done
 case "$router" in
-  vllm) package=vllm-router; binary=vllm-router ;;
-  sglang) package=sglang-router; binary=sglang-router ;;
+  vllm) binary=vllm-router ;;
+  sglang) binary=sglang-router ;;
   *) echo "--router must be vllm or sglang" >&2; exit 2 ;;
 esac
 venv="${CONVEYOR_ROUTER_VENV:-/opt/conveyor-router-venv}"
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
-[ -x "$venv/bin/$binary" ] || "$venv/bin/pip" install -q --disable-pip-version-check "$package"
+[ -x "$venv/bin/$binary" ] ||
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$repo/tests/router/requirements.txt"
 ninja -C "$build_dir" conveyor-worker conveyor-scheduler >/dev/null
 exec /usr/bin/python3 "$repo/bench/router_bench.py" --build-dir "$build_dir" \
   --model-dir "$model_dir" --router "$venv/bin/$binary" "$@"

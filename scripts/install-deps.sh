@@ -28,4 +28,8 @@ xvenv="${CONVEYOR_XGRAMMAR_VENV:-/opt/conveyor-xgrammar-venv}"
 "$xvenv/bin/pip" install -q --disable-pip-version-check --no-deps xgrammar==0.2.9
 "$xvenv/bin/pip" install -q --disable-pip-version-check \
   -r "$(dirname "$0")/../tests/grammar_ref/requirements.txt"
+# The routers from PyPI that replicas are tested behind (tests/router/router_test.sh).
+rvenv="${CONVEYOR_ROUTER_VENV:-/opt/conveyor-router-venv}"
+[ -x "$rvenv/bin/python" ] || /usr/bin/python3 -m venv "$rvenv"
+"$rvenv/bin/pip" install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/router/requirements.txt"
 echo "install-deps: done"
