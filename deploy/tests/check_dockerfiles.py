@@ -8,7 +8,11 @@ For each Dockerfile, with the repository root as the build context and
 and is not ignored; every `COPY --from` names an earlier stage; every file a `RUN` calls
 under deploy/ or scripts/ is in the context; build ARGs used in FROM are declared before
 the first FROM; the final stage of each target runs as a non-root user with an ENTRYPOINT;
-the builds use the CMake options the project documents. Exit status 1 on any failure.
+the builds use the CMake options the project documents. The router image
+(router.Dockerfile) builds nothing: it must copy nothing from the context (its
+.dockerignore excludes everything), install exactly the pinned router packages
+(ROUTER_PINS, which the chart's default router image tags name too) with its default
+build arguments one of them, and refuse any other. Exit status 1 on any failure.
 """
 
 import fnmatch
@@ -22,6 +26,11 @@ EXPECTED_CMAKE = {
     "worker.Dockerfile": ["-DCONVEYOR_CUDA=ON", "-DCONVEYOR_CUDA=OFF", "-DCONVEYOR_BUILD_TESTS=OFF",
                           "-DCONVEYOR_BUILD_BENCH=OFF", "ninja -C build conveyor-worker"],
 }
+
+# The routers the chart can run, as router.Dockerfile pins them (package: version).
+ROUTER_PINS = {"vllm-router": "0.1.17", "sglang-router": "0.3.2"}
+# Dockerfiles that compile Conveyor (the others install a prebuilt package).
+BUILDS_CONVEYOR = {"scheduler.Dockerfile", "worker.Dockerfile"}
 
 
 def instructions(text):
@@ -125,12 +134,37 @@ def check(repo, dockerfile, errors):
     for needle in EXPECTED_CMAKE.get(name, []):
         if needle not in flat:
             errors.append(f"{name}: does not build with {needle}")
-    if "scripts/install-deps.sh" not in flat:
+    if name in BUILDS_CONVEYOR and "scripts/install-deps.sh" not in flat:
         errors.append(f"{name}: the builder does not run scripts/install-deps.sh")
+    if name == "router.Dockerfile":
+        check_router(name, text, rules, errors)
     # A context that ships the host's build tree would poison the CMake cache.
     for path in ("build", "build-cuda", ".git"):
         if not ignored(path, rules):
             errors.append(f"{name}: .dockerignore does not exclude {path}")
+
+
+def check_router(name, text, rules, errors):
+    """The router image: pinned PyPI routers only, nothing from the build context."""
+    steps = list(instructions(text))
+    if any(k in ("COPY", "ADD") and "--from=" not in a for k, a in steps):
+        errors.append(f"{name}: copies from the build context, which it does not need")
+    if not ignored("deploy/docker/router.Dockerfile", rules) or not ignored("scheduler", rules):
+        errors.append(f"{name}: .dockerignore must exclude the whole context")
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for k, a in steps if k == "ARG" and "=" in a}
+    default = (args.get("ROUTER_PACKAGE"), args.get("ROUTER_VERSION"))
+    if default not in ROUTER_PINS.items():
+        errors.append(f"{name}: default build arguments {default} are not a pinned router {ROUTER_PINS}")
+    runs = " ".join(a for k, a in steps if k == "RUN")
+    # The accepted arm of the `case` that guards the install: "pkg==ver|pkg==ver) ;;".
+    arm = re.search(r"\bin\s+([^)]*)\)\s*;;", runs)
+    pinned = set(re.findall(r"([a-z]+-router)==([0-9][0-9.]*)", arm.group(1) if arm else ""))
+    if pinned != set(ROUTER_PINS.items()):
+        errors.append(f"{name}: pins {sorted(pinned)}, expected exactly {sorted(ROUTER_PINS.items())}")
+    if not re.search(r'pip install [^;&|]*"\$\{ROUTER_PACKAGE\}==\$\{ROUTER_VERSION\}"', runs):
+        errors.append(f"{name}: pip does not install \"${{ROUTER_PACKAGE}}==${{ROUTER_VERSION}}\"")
+    if "exit 1" not in runs:
+        errors.append(f"{name}: does not refuse a router version it does not pin")
 
 
 def main():

@@ -22,9 +22,13 @@ Prints every failed check; exit status 1 if any.
 import argparse
 import base64
 import binascii
+import re
 import sys
+import types
 
 import yaml
+
+from check_dockerfiles import ROUTER_PINS
 
 SCHEDULER_FLAGS = ["host", "port", "metrics_port", "model", "workers", "policy", "max_num_seqs",
                    "max_step_tokens", "block_size", "kv_cache_bytes", "max_queue", "batch_size",
@@ -47,6 +51,31 @@ ID_ENV = "CONVEYOR_SCHEDULER_ID"
 ID_LENGTH = 32  # randAlphaNum 32
 # An idle scheduler renews its binding with a Health check this often (scheduler/engine.h).
 IDLE_CHECK_S = 2
+# The label that tells model replicas (scheduler + worker groups) apart, with several.
+GROUP_LABEL = "conveyor.ai/replica-group"
+# The routers: what comes before their flags, and the policies each one's --help lists
+# (vllm-router's kv_aware needs KV events Conveyor does not publish).
+ROUTER_SUBCOMMAND = {"vllm-router": [], "sglang-router": ["launch"]}
+ROUTER_POLICIES = {
+    "vllm-router": ["cache_aware", "round_robin", "power_of_two", "random", "consistent_hash",
+                    "sticky_least_loaded"],
+    "sglang-router": ["cache_aware", "round_robin", "power_of_two", "random", "manual"],
+}
+# RBAC, as (apiGroups, resources, verbs): service discovery reads pods; the endpoint picker
+# also watches its InferencePool and the objectives / rewrites that refer to it.
+READ = ("get", "list", "watch")
+ROUTER_RULES = [(("",), ("pods",), READ)]
+EPP_RULES = [(("",), ("pods",), READ), (("inference.networking.k8s.io",), ("inferencepools",), READ),
+             (("inference.networking.x-k8s.io",), ("inferencemodelrewrites", "inferenceobjectives"), READ)]
+# The endpoint picker's metric flags for Conveyor (docs/scaling.md); LoRA off.
+EPP_METRIC_FLAGS = {
+    "total-queued-requests-metric": "conveyor_requests_waiting",
+    "total-running-requests-metric": "conveyor_requests_running",
+    "kv-cache-usage-percentage-metric": "conveyor_kv_cache_usage_ratio",
+    "cache-info-metric": "conveyor_cache_config_info",
+    "lora-info-metric": "",
+}
+EPP_METRICS_PORT = 9090
 RECOMMENDED_LABELS = ["app.kubernetes.io/name", "app.kubernetes.io/instance",
                       "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
                       "helm.sh/chart"]
@@ -88,12 +117,6 @@ def parse_args(container):
         name, _, value = str(arg).lstrip("-").partition("=")
         flags.setdefault(name, []).append(value)
     return flags
-
-
-def only(objs, kind, check, what=None):
-    found = [o for o in objs if o.get("kind") == kind]
-    check.expect(len(found) == 1, f"expected exactly one {what or kind}, found {len(found)}")
-    return found[0] if found else None
 
 
 def resource_names(container):
@@ -178,6 +201,60 @@ def peers_allowed_on(policy, port):
     return peers
 
 
+def component(obj):
+    return ((obj.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component")
+
+
+def pod_labels(workload):
+    return workload["spec"]["template"]["metadata"].get("labels") or {}
+
+
+def group_of(obj):
+    """The group label of a workload's pods (or of an object), None without one."""
+    labels = pod_labels(obj) if obj.get("kind") in ("Deployment", "StatefulSet") else \
+        ((obj.get("metadata") or {}).get("labels") or {})
+    return labels.get(GROUP_LABEL)
+
+
+def find_groups(objs, n, check):
+    """[(scheduler Deployment, worker StatefulSet, headless Service)] in group order, or None.
+    With one group nothing carries the group label (names and selectors as before groups
+    existed); with several, each group's objects carry its index and select only it."""
+    deploys = [o for o in objs if o.get("kind") == "Deployment" and component(o) == "scheduler"]
+    stss = [o for o in objs if o.get("kind") == "StatefulSet"]
+    headless = [o for o in objs if o.get("kind") == "Service" and o["spec"].get("clusterIP") == "None"]
+    check.expect(len(deploys) == n, f"expected {n} scheduler Deployments (replicas), found {len(deploys)}")
+    check.expect(len(stss) == n, f"expected {n} worker StatefulSets (replicas), found {len(stss)}")
+    check.expect(len(headless) == n, f"expected {n} headless Services (clusterIP: None), one per group, "
+                 f"found {len(headless)}")
+    if not (len(deploys) == len(stss) == len(headless) == n):
+        return None
+    if n == 1:
+        for o in deploys + stss + headless:
+            labels = dict((o["metadata"].get("labels") or {}), **(
+                pod_labels(o) if o["kind"] != "Service" else o["spec"].get("selector") or {}))
+            check.expect(GROUP_LABEL not in labels,
+                         f"{o['kind']} {o['metadata']['name']}: one replica carries no {GROUP_LABEL} "
+                         "label (its names and selectors stay as they were)")
+        return [(deploys[0], stss[0], headless[0])]
+    groups = []
+    for i in range(n):
+        want = str(i)
+        d = [o for o in deploys if group_of(o) == want and
+             o["spec"]["selector"]["matchLabels"].get(GROUP_LABEL) == want]
+        t = [o for o in stss if group_of(o) == want and
+             o["spec"]["selector"]["matchLabels"].get(GROUP_LABEL) == want]
+        h = [o for o in headless if (o["spec"].get("selector") or {}).get(GROUP_LABEL) == want]
+        check.expect(len(d) == 1 and len(t) == 1 and len(h) == 1,
+                     f"group {i}: expected one scheduler Deployment, worker StatefulSet and headless "
+                     f"Service whose pods and selectors carry {GROUP_LABEL}: \"{i}\", found "
+                     f"{len(d)}, {len(t)}, {len(h)}")
+        if not (len(d) == 1 and len(t) == 1 and len(h) == 1):
+            return None
+        groups.append((d[0], t[0], h[0]))
+    return groups
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("manifests")
@@ -203,34 +280,7 @@ def main():
                      defaults["worker"]["grpcPort"], defaults["worker"]["metricsPort"]]
     check.expect(default_ports == [50051, 9400, 50061, 9401],
                  f"chart default ports {default_ports} != [50051, 9400, 50061, 9401]")
-    tp = values["tensorParallelSize"]
-    cpu = values["cpuOnly"]["enabled"]
-    sched_v, worker_v = values["scheduler"], values["worker"]
-    client_tls, internal_tls = values["tls"]["clientApi"], values["tls"]["internal"]
-    auth = values["auth"]
-    s_health = sched_v["healthPort"] if client_tls["enabled"] else None
-    s_http = sched_v["httpPort"] or None
-    w_health = worker_v["healthPort"] if internal_tls["enabled"] else None
-    sched_flags = list(SCHEDULER_FLAGS)
-    if client_tls["enabled"]:
-        sched_flags += ["tls_cert_file", "tls_key_file", "health_port"]
-        if client_tls["requireClientCert"]:
-            sched_flags.append("tls_client_ca_file")
-    if internal_tls["enabled"]:
-        sched_flags += ["worker_tls_cert_file", "worker_tls_key_file", "worker_tls_ca_file"]
-    if client_tls["enabled"] or internal_tls["enabled"]:
-        sched_flags.append("tls_refresh_s")
-    if auth["tokensSecretName"]:
-        sched_flags += ["auth_tokens_file", "max_concurrent_requests_per_token"]
-    if s_http:
-        sched_flags.append("http_port")
-    worker_flags = list(WORKER_FLAGS)
-    if internal_tls["enabled"]:
-        worker_flags += ["tls_cert_file", "tls_key_file", "tls_ca_file", "tls_refresh_s",
-                         "health_port"]
-    gpu_name = worker_v["gpuResourceName"]
-    s_grpc, s_metrics = sched_v["grpcPort"], sched_v["metricsPort"]
-    w_grpc, w_metrics = worker_v["grpcPort"], worker_v["metricsPort"]
+    c = expectations(values, args)
 
     # --- Every object: identity and recommended labels.
     seen = set()
@@ -245,21 +295,95 @@ def main():
         check.expect(not missing, f"{key}: missing labels {missing}")
         check.expect(len(meta.get("name", "")) <= 63, f"{key}: name longer than 63 characters")
 
-    deploy = only(objs, "Deployment", check)
-    sts = only(objs, "StatefulSet", check)
+    groups = find_groups(objs, c.n, check)
     services = [o for o in objs if o.get("kind") == "Service"]
-    check.expect(len(services) == 2, f"expected 2 Services, found {len(services)}")
-    headless = [s for s in services if s["spec"].get("clusterIP") == "None"]
-    check.expect(len(headless) == 1, "expected exactly one headless Service (clusterIP: None)")
-    if not (deploy and sts and len(headless) == 1 and len(services) == 2):
+    expected_services = c.n + 1 + bool(c.router) + bool(c.pool)
+    check.expect(len(services) == expected_services,
+                 f"expected {expected_services} Services (a headless one per group, the scheduler's"
+                 f"{', the router' if c.router else ''}{', the endpoint picker' if c.pool else ''}), "
+                 f"found {len(services)}")
+    clients = [s for s in services if component(s) == "scheduler" and s["spec"].get("clusterIP") != "None"]
+    check.expect(len(clients) == 1, "expected exactly one (non-headless) scheduler Service")
+    if not groups or len(clients) != 1:
         return report(check)
-    headless = headless[0]
-    sched_svc = next(s for s in services if s is not headless)
+    c.sched_pods = [pod_labels(d) for d, _, _ in groups]
+    c.worker_pods = [pod_labels(t) for _, t, _ in groups]
+    c.other_pods = {component(o): pod_labels(o) for o in objs
+                    if o.get("kind") == "Deployment" and component(o) != "scheduler"}
 
+    for i, group in enumerate(groups):
+        check_group(i, group, objs, c, args, check)
+    check_groups_apart(groups, objs, c, check)
+    check_client_service(clients[0], c, check)
+    check_service_monitor(objs, services, c, args, check)
+    check_network_policies(objs, groups, c, check)
+    check_router(objs, c, args, check)
+    check_inference_pool(objs, c, args, check)
+    check_rbac(objs, c, args, check)
+
+    # --- Service accounts: Conveyor's pods never call the Kubernetes API.
+    for i, (deploy, sts, _) in enumerate(groups):
+        for who, pod in (("scheduler", deploy["spec"]["template"]), ("worker", sts["spec"]["template"])):
+            name = pod["spec"].get("serviceAccountName")
+            if values["serviceAccount"]["create"]:
+                check.expect(("ServiceAccount", name) in seen, f"{who}: ServiceAccount {name} not rendered")
+            check.expect(pod["spec"].get("automountServiceAccountToken") is False,
+                         f"{who}: the API token should not be mounted")
+
+    return report(check)
+
+
+def expectations(values, args):
+    """What the values call for, shared by every check."""
+    c = types.SimpleNamespace(values=values, namespace=args.namespace)
+    c.n = values["replicas"]
+    c.tp = values["tensorParallelSize"]
+    c.cpu = values["cpuOnly"]["enabled"]
+    c.sched_v, c.worker_v = values["scheduler"], values["worker"]
+    c.client_tls, c.internal_tls = values["tls"]["clientApi"], values["tls"]["internal"]
+    c.auth = values["auth"]
+    c.s_health = c.sched_v["healthPort"] if c.client_tls["enabled"] else None
+    c.s_http = c.sched_v["httpPort"] or None
+    c.w_health = c.worker_v["healthPort"] if c.internal_tls["enabled"] else None
+    c.sched_flags = list(SCHEDULER_FLAGS)
+    if c.client_tls["enabled"]:
+        c.sched_flags += ["tls_cert_file", "tls_key_file", "health_port"]
+        if c.client_tls["requireClientCert"]:
+            c.sched_flags.append("tls_client_ca_file")
+    if c.internal_tls["enabled"]:
+        c.sched_flags += ["worker_tls_cert_file", "worker_tls_key_file", "worker_tls_ca_file"]
+    if c.client_tls["enabled"] or c.internal_tls["enabled"]:
+        c.sched_flags.append("tls_refresh_s")
+    if c.auth["tokensSecretName"]:
+        c.sched_flags += ["auth_tokens_file", "max_concurrent_requests_per_token"]
+    if c.s_http:
+        c.sched_flags.append("http_port")
+    if values["model"].get("servedName"):
+        c.sched_flags.append("served_model_name")
+    c.worker_flags = list(WORKER_FLAGS)
+    if c.internal_tls["enabled"]:
+        c.worker_flags += ["tls_cert_file", "tls_key_file", "tls_ca_file", "tls_refresh_s",
+                           "health_port"]
+    c.gpu_name = c.worker_v["gpuResourceName"]
+    c.s_grpc, c.s_metrics = c.sched_v["grpcPort"], c.sched_v["metricsPort"]
+    c.w_grpc, c.w_metrics = c.worker_v["grpcPort"], c.worker_v["metricsPort"]
+    c.router = values["router"] if values["router"]["enabled"] else None
+    c.pool = values["inferencePool"] if values["inferencePool"]["enabled"] else None
+    c.monitoring = values["networkPolicy"]["monitoring"]["namespaceSelector"]
+    return c
+
+
+def check_group(i, group, objs, c, args, check):
+    """One scheduler + worker group: the checks a single replica always had."""
+    deploy, sts, headless = group
+    values, sched_v, worker_v, cpu, tp = c.values, c.sched_v, c.worker_v, c.cpu, c.tp
+    s_grpc, s_metrics, s_http, s_health = c.s_grpc, c.s_metrics, c.s_http, c.s_health
+    w_grpc, w_metrics, w_health = c.w_grpc, c.w_metrics, c.w_health
     sched_pod = deploy["spec"]["template"]
     worker_pod = sts["spec"]["template"]
     sched_labels = sched_pod["metadata"]["labels"]
     worker_labels = worker_pod["metadata"]["labels"]
+    g = f"group {i}: " if c.n > 1 else ""
     check.expect(subset(deploy["spec"]["selector"]["matchLabels"], sched_labels),
                  "Deployment selector does not match its pod template labels")
     check.expect(subset(sts["spec"]["selector"]["matchLabels"], worker_labels),
@@ -277,8 +401,8 @@ def main():
     check.expect(len(containers) == 1, "scheduler pod must have one container")
     sc = containers[0]
     flags = parse_args(sc)
-    check.expect(sorted(flags) == sorted(sched_flags),
-                 f"scheduler flags {sorted(flags)} != {sorted(sched_flags)}")
+    check.expect(sorted(flags) == sorted(c.sched_flags),
+                 f"scheduler flags {sorted(flags)} != {sorted(c.sched_flags)}")
     check.expect(all(len(v) == 1 for v in flags.values()), "a scheduler flag is repeated")
     check_int_flags(flags, "scheduler", check)
     first = {k: v[0] for k, v in flags.items()}
@@ -288,6 +412,8 @@ def main():
     check.expect(first.get("metrics_port") == str(s_metrics),
                  f"scheduler --metrics_port={first.get('metrics_port')}, expected {s_metrics}")
     check.expect(first.get("model") == values["model"]["path"], "scheduler --model != model.path")
+    check.expect(first.get("served_model_name", "") == (values["model"].get("servedName") or ""),
+                 "scheduler --served_model_name != model.servedName")
     check.expect(first.get("policy") in ("static", "dynamic", "continuous")
                  and first.get("policy") == sched_v["policy"], "scheduler --policy")
     for flag, key in (("max_num_seqs", "maxNumSeqs"), ("max_step_tokens", "maxStepTokens"),
@@ -318,7 +444,7 @@ def main():
                  f"scheduler --enable_reflection={first.get('enable_reflection')} != "
                  f"scheduler.enableReflection={sched_v['enableReflection']}")
     check_scheduler_security(sched_pod, sc, first, values, s_health, check)
-    check.expect(gpu_name not in resource_names(sc), "the scheduler must not request a GPU")
+    check.expect(c.gpu_name not in resource_names(sc), "the scheduler must not request a GPU")
     grace = sched_pod["spec"].get("terminationGracePeriodSeconds")
     drain = int(first.get("drain_timeout_s", "0"))
     check.expect(isinstance(grace, int) and grace > drain,
@@ -331,7 +457,7 @@ def main():
                  f"scheduler liveness probe fails after {liveness_s} s, within "
                  f"--worker_recovery_timeout_s={recovery}: it would restart the scheduler mid-recovery")
 
-    check_identity(objs, deploy, sc, first, sched_v["identity"], args, check)
+    check_identity(i, objs, deploy, sc, first, c, args, check)
 
     # --- Workers: the --workers list, StatefulSet and headless Service agree.
     sts_name, svc_name = sts["metadata"]["name"], headless["metadata"]["name"]
@@ -343,16 +469,16 @@ def main():
     check.expect(sts["spec"].get("podManagementPolicy") == "Parallel",
                  "StatefulSet podManagementPolicy must be Parallel")
     workers = first.get("workers", "").split(",")
-    expected = [f"{sts_name}-{i}.{svc_name}.{args.namespace}.svc.{values['clusterDomain']}:{w_grpc}"
-                for i in range(tp)]
+    expected = [f"{sts_name}-{rank}.{svc_name}.{args.namespace}.svc.{values['clusterDomain']}:{w_grpc}"
+                for rank in range(tp)]
     check.expect(workers == expected, f"--workers={workers}, expected {expected}")
 
     containers = worker_pod["spec"]["containers"]
     check.expect(len(containers) == 1, "worker pod must have one container")
     wc = containers[0]
     wflags = parse_args(wc)
-    check.expect(sorted(wflags) == sorted(worker_flags),
-                 f"worker flags {sorted(wflags)} != {sorted(worker_flags)}")
+    check.expect(sorted(wflags) == sorted(c.worker_flags),
+                 f"worker flags {sorted(wflags)} != {sorted(c.worker_flags)}")
     check.expect(all(len(v) == 1 for v in wflags.values()), "a worker flag is repeated")
     check_int_flags(wflags, "worker", check)
     wfirst = {k: v[0] for k, v in wflags.items()}
@@ -386,8 +512,8 @@ def main():
     expected_host = f"$(POD_NAME).{svc_name}.{args.namespace}.svc.{values['clusterDomain']}"
     check.expect(wfirst.get("collective_host") == expected_host,
                  f"worker --collective_host={wfirst.get('collective_host')}, expected {expected_host}")
-    if internal_tls["enabled"]:
-        secret = internal_tls["workerSecretName"]
+    if c.internal_tls["enabled"]:
+        secret = c.internal_tls["workerSecretName"]
         for flag, key in (("tls_cert_file", "tls.crt"), ("tls_key_file", "tls.key"),
                           ("tls_ca_file", "ca.crt")):
             check_secret_file(worker_pod, wc, wfirst, flag, secret, key, "worker", check)
@@ -397,11 +523,11 @@ def main():
                      f"worker --health_port={wfirst.get('health_port')}, expected {w_health}")
     res = wc.get("resources") or {}
     if cpu:
-        check.expect(gpu_name not in resource_names(wc), "cpuOnly: workers must not request a GPU")
+        check.expect(c.gpu_name not in resource_names(wc), "cpuOnly: workers must not request a GPU")
     else:
         for part in ("requests", "limits"):
-            got = (res.get(part) or {}).get(gpu_name)
-            check.expect(got == 1, f"worker {part}.{gpu_name} = {got}, expected 1 per pod")
+            got = (res.get(part) or {}).get(c.gpu_name)
+            check.expect(got == 1, f"worker {part}.{c.gpu_name} = {got}, expected 1 per pod")
     env = {e["name"] for e in wc.get("env", [])}
     check.expect(("NCCL_SOCKET_IFNAME" in env) != cpu, "NCCL env hints belong to GPU mode only")
     image = wc.get("image", "")
@@ -434,18 +560,7 @@ def main():
     if worker_v["waitForSchedulerDrain"]:
         check.expect(sleep >= drain, f"workers must outlive the scheduler's drain ({sleep} < {drain})")
 
-    # --- Services select the right pods, on the right ports.
-    def svc_ports(svc):
-        return {p["name"]: (p["port"], p.get("targetPort")) for p in svc["spec"]["ports"]}
-
-    check.expect(subset(sched_svc["spec"]["selector"], sched_labels) and
-                 not subset(sched_svc["spec"]["selector"], worker_labels),
-                 "scheduler Service does not select exactly the scheduler pods")
-    expected_svc = {"grpc": (s_grpc, "grpc"), "metrics": (s_metrics, "metrics")}
-    if s_http:
-        expected_svc["http"] = (s_http, "http")
-    check.expect(svc_ports(sched_svc) == expected_svc,
-                 f"scheduler Service ports {svc_ports(sched_svc)}, expected {expected_svc}")
+    # --- The group's headless Service: its ranks' stable names.
     check.expect(subset(headless["spec"]["selector"], worker_labels) and
                  not subset(headless["spec"]["selector"], sched_labels),
                  "headless Service does not select exactly the worker pods")
@@ -454,106 +569,455 @@ def main():
     check.expect(headless["spec"].get("publishNotReadyAddresses") is True,
                  "headless Service must publish not-ready addresses (ranks resolve before Ready)")
 
-    # --- ServiceMonitor.
+
+def svc_ports(svc):
+    return {p["name"]: (p["port"], p.get("targetPort")) for p in svc["spec"]["ports"]}
+
+
+def check_groups_apart(groups, objs, c, check):
+    """No selector, Service, policy, worker address or identity of one group reaches another."""
+    for i, (deploy, sts, headless) in enumerate(groups):
+        for j, (other_deploy, other_sts, _) in enumerate(groups):
+            if i == j:
+                continue
+            check.expect(not subset(deploy["spec"]["selector"]["matchLabels"], pod_labels(other_deploy)),
+                         f"group {i}'s scheduler Deployment selects group {j}'s scheduler pods")
+            check.expect(not subset(sts["spec"]["selector"]["matchLabels"], pod_labels(other_sts)),
+                         f"group {i}'s StatefulSet selects group {j}'s worker pods")
+            check.expect(not subset(headless["spec"]["selector"], pod_labels(other_sts)),
+                         f"group {i}'s headless Service selects group {j}'s worker pods")
+            workers = parse_args(deploy["spec"]["template"]["spec"]["containers"][0]).get("workers", [""])[0]
+            other = other_sts["metadata"]["name"]
+            check.expect(not any(w.split(".")[0].rsplit("-", 1)[0] == other for w in workers.split(",")),
+                         f"group {i}'s scheduler --workers lists group {j}'s ranks ({other})")
+    names = [sts["metadata"]["name"] for _, sts, _ in groups]
+    check.expect(len(set(names)) == len(names), f"groups share a worker StatefulSet name: {names}")
+    # Two schedulers presenting one id would both drive the same bound workers' lease.
+    refs = []
+    for deploy, _, _ in groups:
+        env = deploy["spec"]["template"]["spec"]["containers"][0].get("env") or []
+        ref = next(((e.get("valueFrom") or {}).get("secretKeyRef") or {} for e in env
+                    if e.get("name") == ID_ENV), {})
+        refs.append((ref.get("name"), ref.get("key")))
+    check.expect(len(set(refs)) == len(refs),
+                 f"groups share a scheduler identity (Secret, key): {refs}")
+    secrets = {o["metadata"]["name"]: o for o in objs if o.get("kind") == "Secret"}
+    ids = [(secrets.get(name) or {}).get("data", {}).get(key) for name, key in refs]
+    ids = [x for x in ids if x]
+    check.expect(len(set(ids)) == len(ids), "two groups' identity Secrets hold the same id")
+
+
+def check_client_service(svc, c, check):
+    """The scheduler Service: every group's schedulers (any replica), nothing else."""
+    for i, labels in enumerate(c.sched_pods):
+        check.expect(subset(svc["spec"]["selector"], labels),
+                     f"scheduler Service does not select the scheduler pods (group {i})")
+    for labels in c.worker_pods + list(c.other_pods.values()):
+        check.expect(not subset(svc["spec"]["selector"], labels),
+                     "scheduler Service does not select exactly the scheduler pods")
+    expected_svc = {"grpc": (c.s_grpc, "grpc"), "metrics": (c.s_metrics, "metrics")}
+    if c.s_http:
+        expected_svc["http"] = (c.s_http, "http")
+    check.expect(svc_ports(svc) == expected_svc,
+                 f"scheduler Service ports {svc_ports(svc)}, expected {expected_svc}")
+
+
+def check_service_monitor(objs, services, c, args, check):
     sms = [o for o in objs if o.get("kind") == "ServiceMonitor"]
-    if values["metrics"]["serviceMonitor"]["enabled"]:
-        check.expect(len(sms) == 1, f"expected one ServiceMonitor, found {len(sms)}")
-        for sm in sms:
-            check.expect(sm["apiVersion"] == "monitoring.coreos.com/v1", "ServiceMonitor apiVersion")
-            sel = sm["spec"]["selector"]
-            for svc in (sched_svc, headless):
-                labels = svc["metadata"]["labels"]
-                ok = subset(sel.get("matchLabels", {}), labels) and all(
-                    (labels.get(e["key"]) in e.get("values", [])) == (e["operator"] == "In")
-                    for e in sel.get("matchExpressions", []))
-                check.expect(ok, f"ServiceMonitor does not select Service {svc['metadata']['name']}")
-                names = {p["name"] for p in svc["spec"]["ports"]}
-                check.expect(all(ep.get("port") in names for ep in sm["spec"]["endpoints"]),
-                             f"ServiceMonitor endpoint port not on {svc['metadata']['name']}")
-            check.expect(args.namespace in sm["spec"].get("namespaceSelector", {}).get("matchNames", []),
-                         "ServiceMonitor must look in the release namespace")
-    else:
+    if not c.values["metrics"]["serviceMonitor"]["enabled"]:
         check.expect(not sms, "ServiceMonitor rendered although disabled")
+        return
+    check.expect(len(sms) == 1, f"expected one ServiceMonitor, found {len(sms)}")
+    for sm in sms:
+        check.expect(sm["apiVersion"] == "monitoring.coreos.com/v1", "ServiceMonitor apiVersion")
+        sel = sm["spec"]["selector"]
+        # Every Service with a metrics port: each group's, the scheduler's, router, picker.
+        for svc in services:
+            names = {p["name"] for p in svc["spec"]["ports"]}
+            if "metrics" not in names:
+                continue
+            labels = svc["metadata"]["labels"]
+            ok = subset(sel.get("matchLabels", {}), labels) and all(
+                (labels.get(e["key"]) in e.get("values", [])) == (e["operator"] == "In")
+                for e in sel.get("matchExpressions", []))
+            check.expect(ok, f"ServiceMonitor does not select Service {svc['metadata']['name']}")
+            check.expect(all(ep.get("port") in names for ep in sm["spec"]["endpoints"]),
+                         f"ServiceMonitor endpoint port not on {svc['metadata']['name']}")
+        check.expect(args.namespace in sm["spec"].get("namespaceSelector", {}).get("matchNames", []),
+                     "ServiceMonitor must look in the release namespace")
+        if c.n > 1:
+            relabels = [r for ep in sm["spec"]["endpoints"] for r in ep.get("relabelings", [])]
+            # Prometheus writes a label name's other characters as "_".
+            source = "__meta_kubernetes_pod_label_" + re.sub(r"[^A-Za-z0-9_]", "_", GROUP_LABEL)
+            check.expect(any(r.get("sourceLabels") == [source] for r in relabels),
+                         f"ServiceMonitor does not keep the replica group ({source})")
 
-    # --- NetworkPolicies.
+
+def check_network_policies(objs, groups, c, check):
     policies = [o for o in objs if o.get("kind") == "NetworkPolicy"]
-    if values["networkPolicy"]["enabled"]:
-        monitoring = values["networkPolicy"]["monitoring"]["namespaceSelector"]
-        probe_sources = values["networkPolicy"].get("probeSources") or []
-        def selecting(labels):
-            return [p for p in policies
-                    if subset(p["spec"]["podSelector"].get("matchLabels"), labels)]
+    if not c.values["networkPolicy"]["enabled"]:
+        check.expect(not policies, "NetworkPolicy rendered although disabled")
+        return
+    monitoring = c.monitoring
+    probe_sources = c.values["networkPolicy"].get("probeSources") or []
+    clients = c.values["networkPolicy"]["clients"]
 
+    def selecting(labels):
+        return [p for p in policies if subset(p["spec"]["podSelector"].get("matchLabels"), labels)]
+
+    for i, (deploy, sts, _) in enumerate(groups):
+        sched_labels, worker_labels = c.sched_pods[i], c.worker_pods[i]
+        others = [labels for j, labels in enumerate(c.worker_pods) if j != i]
+        other_scheds = [labels for j, labels in enumerate(c.sched_pods) if j != i]
         worker_np, sched_np = selecting(worker_labels), selecting(sched_labels)
         check.expect(len(worker_np) == 1 and worker_np[0] not in sched_np,
                      "expected one NetworkPolicy selecting exactly the worker pods")
         check.expect(len(sched_np) == 1, "expected one NetworkPolicy selecting the scheduler pods")
-        if worker_np:
-            np = worker_np[0]
-            check.expect("Ingress" in np["spec"].get("policyTypes", []),
-                         "worker policy must restrict Ingress")
-            peers = peers_allowed_on(np, w_grpc)
-            from_scheduler = [p for p in peers if p and set(p) == {"podSelector"} and
-                              p["podSelector"].get("matchLabels") ==
-                              deploy["spec"]["selector"]["matchLabels"] and
-                              subset(p["podSelector"]["matchLabels"], sched_labels) and
-                              not subset(p["podSelector"]["matchLabels"], worker_labels)]
-            check.expect(from_scheduler, f"worker port {w_grpc} is not open to the scheduler pods")
-            for peer in peers:
-                # Besides the scheduler, only the other ranks of the group (collectives).
-                ok = peer is not None and set(peer) == {"podSelector"} and (
-                    subset(peer["podSelector"].get("matchLabels"), sched_labels) or
-                    subset(peer["podSelector"].get("matchLabels"), worker_labels))
-                check.expect(ok, f"worker port {w_grpc} is open to {peer or 'any source'}")
-            for peer in peers_allowed_on(np, w_metrics):
-                ok = peer is not None and (
-                    peer.get("namespaceSelector") == monitoring or
-                    (set(peer) == {"podSelector"} and
-                     subset(peer["podSelector"].get("matchLabels"), worker_labels)))
-                check.expect(ok, f"worker metrics port is open to {peer or 'any source'}")
-            check.expect(any(p and p.get("namespaceSelector") == monitoring
-                             for p in peers_allowed_on(np, w_metrics)),
-                         "worker metrics port is not open to the monitoring namespace")
-            if w_health:
-                # Plaintext health: the group's ranks (they may reach any port) and the
-                # configured probe sources, nobody else.
-                for peer in peers_allowed_on(np, w_health):
-                    ok = peer is not None and (peer in probe_sources or (
-                        set(peer) == {"podSelector"} and
-                        subset(peer["podSelector"].get("matchLabels"), worker_labels)))
-                    check.expect(ok, f"worker health port is open to {peer or 'any source'}")
-                for peer in probe_sources:
-                    check.expect(peer in peers_allowed_on(np, w_health),
-                                 f"worker health port is not open to probe source {peer}")
-        if sched_np:
-            np = sched_np[0]
-            clients = values["networkPolicy"]["clients"]
-            peers = peers_allowed_on(np, s_grpc)
+        if not worker_np:
+            continue
+        np = worker_np[0]
+        check.expect(not any(subset(np["spec"]["podSelector"].get("matchLabels"), o) for o in others),
+                     f"group {i}'s worker NetworkPolicy also selects another group's workers")
+        check.expect("Ingress" in np["spec"].get("policyTypes", []),
+                     "worker policy must restrict Ingress")
+        peers = peers_allowed_on(np, c.w_grpc)
+        from_scheduler = [p for p in peers if p and set(p) == {"podSelector"} and
+                          p["podSelector"].get("matchLabels") ==
+                          deploy["spec"]["selector"]["matchLabels"] and
+                          subset(p["podSelector"]["matchLabels"], sched_labels) and
+                          not subset(p["podSelector"]["matchLabels"], worker_labels)]
+        check.expect(from_scheduler, f"worker port {c.w_grpc} is not open to the scheduler pods")
+        for peer in peers:
+            # Besides the group's scheduler, only the other ranks of the group (collectives).
+            ok = peer is not None and set(peer) == {"podSelector"} and (
+                subset(peer["podSelector"].get("matchLabels"), sched_labels) or
+                subset(peer["podSelector"].get("matchLabels"), worker_labels))
+            check.expect(ok, f"worker port {c.w_grpc} is open to {peer or 'any source'}")
+            if ok:
+                sel = peer["podSelector"].get("matchLabels")
+                check.expect(not any(subset(sel, o) for o in others + other_scheds),
+                             f"group {i}'s worker port {c.w_grpc} is open to another group's pods ({sel})")
+        for peer in peers_allowed_on(np, c.w_metrics):
+            ok = peer is not None and (
+                peer.get("namespaceSelector") == monitoring or
+                (set(peer) == {"podSelector"} and
+                 subset(peer["podSelector"].get("matchLabels"), worker_labels)))
+            check.expect(ok, f"worker metrics port is open to {peer or 'any source'}")
+        check.expect(any(p and p.get("namespaceSelector") == monitoring
+                         for p in peers_allowed_on(np, c.w_metrics)),
+                     "worker metrics port is not open to the monitoring namespace")
+        if c.w_health:
+            # Plaintext health: the group's ranks (they may reach any port) and the
+            # configured probe sources, nobody else.
+            for peer in peers_allowed_on(np, c.w_health):
+                ok = peer is not None and (peer in probe_sources or (
+                    set(peer) == {"podSelector"} and
+                    subset(peer["podSelector"].get("matchLabels"), worker_labels)))
+                check.expect(ok, f"worker health port is open to {peer or 'any source'}")
+            for peer in probe_sources:
+                check.expect(peer in peers_allowed_on(np, c.w_health),
+                             f"worker health port is not open to probe source {peer}")
+
+    sched_nps = selecting(c.sched_pods[0])
+    if len(sched_nps) != 1:
+        return
+    np = sched_nps[0]
+    for i, labels in enumerate(c.sched_pods):
+        check.expect(np in selecting(labels), f"the scheduler NetworkPolicy misses group {i}'s scheduler")
+    peers = peers_allowed_on(np, c.s_grpc)
+    check.expect(peers == (clients or [None]),
+                 f"scheduler gRPC port peers {peers}, expected {clients or 'any source'}")
+    if c.s_http:
+        # The router and the endpoint picker (its /metrics scrape) call every scheduler's
+        # HTTP port: with clients restricted, they are admitted by their own pod labels.
+        routed = [c.other_pods[who] for who in ("router", "endpoint-picker") if who in c.other_pods]
+        peers = peers_allowed_on(np, c.s_http)
+        if clients:
+            extra = [p for p in peers if p not in clients]
+            check.expect(all(p in peers for p in clients),
+                         f"scheduler HTTP port peers {peers} miss networkPolicy.clients {clients}")
+            for labels in routed:
+                check.expect(any(p and set(p) == {"podSelector"} and
+                                 subset(p["podSelector"].get("matchLabels"), labels) for p in extra),
+                             f"scheduler HTTP port is not open to the {labels.get('app.kubernetes.io/component')} pods")
+            for p in extra:
+                sel = (p or {}).get("podSelector", {}).get("matchLabels") if p and set(p) == {"podSelector"} else None
+                check.expect(sel and any(subset(sel, labels) for labels in routed) and
+                             not any(subset(sel, labels) for labels in c.worker_pods + c.sched_pods),
+                             f"scheduler HTTP port is open to {p or 'any source'}")
+        else:
+            check.expect(peers == [None], f"scheduler HTTP port peers {peers}, expected any source")
+    check.expect(all(p and p.get("namespaceSelector") == monitoring
+                     for p in peers_allowed_on(np, c.s_metrics)) and peers_allowed_on(np, c.s_metrics),
+                 "scheduler metrics port must be open to the monitoring namespace only")
+    if c.s_health:
+        peers = peers_allowed_on(np, c.s_health)
+        check.expect(peers == probe_sources,
+                     f"scheduler health port peers {peers}, expected {probe_sources}")
+    if c.router:
+        nps = selecting(c.other_pods.get("router", {"app.kubernetes.io/component": "router"}))
+        check.expect(len(nps) == 1, "expected one NetworkPolicy selecting the router pods")
+        for rnp in nps:
+            peers = peers_allowed_on(rnp, c.router["port"])
             check.expect(peers == (clients or [None]),
-                         f"scheduler gRPC port peers {peers}, expected {clients or 'any source'}")
-            if s_http:
-                peers = peers_allowed_on(np, s_http)
-                check.expect(peers == (clients or [None]),
-                             f"scheduler HTTP port peers {peers}, expected {clients or 'any source'}")
+                         f"router port peers {peers}, expected {clients or 'any source'}")
+            check.expect(peers_allowed_on(rnp, c.router["metricsPort"]) == [dict(namespaceSelector=monitoring,
+                         **({"podSelector": c.values["networkPolicy"]["monitoring"]["podSelector"]}
+                            if c.values["networkPolicy"]["monitoring"]["podSelector"] else {}))],
+                         "router metrics port must be open to the monitoring namespace only")
+    if c.pool:
+        nps = selecting(c.other_pods.get("endpoint-picker", {"app.kubernetes.io/component": "endpoint-picker"}))
+        check.expect(len(nps) == 1, "expected one NetworkPolicy selecting the endpoint picker pods")
+        for enp in nps:
             check.expect(all(p and p.get("namespaceSelector") == monitoring
-                             for p in peers_allowed_on(np, s_metrics)) and peers_allowed_on(np, s_metrics),
-                         "scheduler metrics port must be open to the monitoring namespace only")
-            if s_health:
-                peers = peers_allowed_on(np, s_health)
-                check.expect(peers == probe_sources,
-                             f"scheduler health port peers {peers}, expected {probe_sources}")
-    else:
-        check.expect(not policies, "NetworkPolicy rendered although disabled")
+                             for p in peers_allowed_on(enp, EPP_METRICS_PORT)),
+                         "endpoint picker metrics port must be open to the monitoring namespace only")
 
-    # --- Service account.
-    for who, pod in (("scheduler", sched_pod), ("worker", worker_pod)):
-        name = pod["spec"].get("serviceAccountName")
-        if values["serviceAccount"]["create"]:
-            check.expect(("ServiceAccount", name) in seen, f"{who}: ServiceAccount {name} not rendered")
-        check.expect(pod["spec"].get("automountServiceAccountToken") is False,
-                     f"{who}: the API token should not be mounted")
 
-    return report(check)
+def router_flags(container):
+    """The router's arguments -> (subcommand, {flag: [values]}); a flag takes the words up
+    to the next flag (argparse nargs='+'), or one after '='."""
+    words = [str(a) for a in container.get("args", [])]
+    sub = []
+    while words and not words[0].startswith("--"):
+        sub.append(words.pop(0))
+    flags, name = {}, None
+    for word in words:
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            flags.setdefault(name, [])
+            if eq:
+                flags[name].append(value)
+                name = None
+        elif name is not None:
+            flags[name].append(word)
+        else:
+            flags.setdefault("", []).append(word)
+    return sub, flags
+
+
+def check_router(objs, c, args, check):
+    """The router: service discovery of exactly this release's scheduler pods, at the
+    HTTP port, in this namespace, with a policy its type has."""
+    routers = [o for o in objs if component(o) == "router"]
+    if not c.router:
+        check.expect(not routers, "router objects rendered although router.enabled is false")
+        return
+    deploys = [o for o in routers if o["kind"] == "Deployment"]
+    check.expect(len(deploys) == 1, f"expected one router Deployment, found {len(deploys)}")
+    if not deploys:
+        return
+    deploy = deploys[0]
+    r = c.router
+    rtype = r["type"]
+    pod = deploy["spec"]["template"]
+    check.expect(deploy["spec"].get("replicas") == r["replicas"], "router replicas != router.replicas")
+    check.expect(subset(deploy["spec"]["selector"]["matchLabels"], pod_labels(deploy)) and
+                 not any(subset(deploy["spec"]["selector"]["matchLabels"], labels)
+                         for labels in c.sched_pods + c.worker_pods),
+                 "router Deployment selector does not select exactly its own pods")
+    container = pod["spec"]["containers"][0]
+    sub, flags = router_flags(container)
+    check.expect(sub == ROUTER_SUBCOMMAND[rtype],
+                 f"router arguments start with {sub}, {rtype} needs {ROUTER_SUBCOMMAND[rtype]}")
+    check.expect("" not in flags, f"router has stray arguments {flags.get('')}")
+    expected = {"host", "port", "policy", "service-discovery", "selector", "service-discovery-port",
+                "service-discovery-namespace", "health-check-interval-secs", "prometheus-host",
+                "prometheus-port", "log-level"}
+    extra = {a.lstrip("-").partition("=")[0] for a in r.get("extraArgs") or []}
+    check.expect(set(flags) - extra == expected,
+                 f"router flags {sorted(flags)} != {sorted(expected)}")
+    check.expect(all(len(v) == 1 for k, v in flags.items() if k not in ("selector", "service-discovery")),
+                 "a router flag is repeated")
+    one = {k: v[0] if v else None for k, v in flags.items()}
+    check.expect(one.get("host") == "0.0.0.0", "router --host must be 0.0.0.0")
+    check.expect(one.get("port") == str(r["port"]), f"router --port={one.get('port')}, expected {r['port']}")
+    check.expect(one.get("policy") == r["policy"] and r["policy"] in ROUTER_POLICIES[rtype],
+                 f"router --policy={one.get('policy')}: not router.policy or not a {rtype} policy "
+                 f"({', '.join(ROUTER_POLICIES[rtype])})")
+    check.expect(flags.get("service-discovery") == [], "router --service-discovery takes no value")
+    check.expect(one.get("service-discovery-port") == str(c.s_http),
+                 f"router --service-discovery-port={one.get('service-discovery-port')}, expected the "
+                 f"schedulers' HTTP port {c.s_http}")
+    check.expect(one.get("service-discovery-namespace") == args.namespace,
+                 f"router --service-discovery-namespace={one.get('service-discovery-namespace')}, "
+                 f"expected {args.namespace}")
+    pairs = [w.partition("=") for w in flags.get("selector", [])]
+    selector = {k: v for k, eq, v in pairs if eq}
+    check.expect(len(selector) == len(pairs) and selector,
+                 f"router --selector {flags.get('selector')} must be key=value words")
+    check_selects_schedulers(selector, "router --selector", c, check)
+    check.expect(one.get("prometheus-port") == str(r["metricsPort"]),
+                 f"router --prometheus-port={one.get('prometheus-port')}, expected {r['metricsPort']}")
+    check.expect(one.get("health-check-interval-secs") == str(r["healthCheckIntervalS"]),
+                 "router --health-check-interval-secs != router.healthCheckIntervalS")
+    check.expect(one.get("log-level") == r["logLevel"], "router --log-level != router.logLevel")
+    ports = container_ports(container)
+    check.expect(ports == {"http": r["port"], "metrics": r["metricsPort"]},
+                 f"router container ports {ports}")
+    for probe, path in (("livenessProbe", "/liveness"), ("readinessProbe", "/readiness")):
+        get = (container.get(probe) or {}).get("httpGet") or {}
+        check.expect(get.get("path") == path and get.get("port") in ("http", r["port"]),
+                     f"router {probe} must GET {path} on the router's port, got {container.get(probe)}")
+    if not r["image"]["tag"]:
+        tag = f"{rtype}-{ROUTER_PINS[rtype]}"
+        check.expect(container.get("image") == f"{r['image']['repository']}:{tag}",
+                     f"router image {container.get('image')}: the default tag is {tag} "
+                     "(what router.Dockerfile builds)")
+    sec = container.get("securityContext") or {}
+    check.expect(sec.get("allowPrivilegeEscalation") is False and
+                 (pod["spec"].get("securityContext") or {}).get("runAsNonRoot") is True,
+                 "router: must run as non-root without privilege escalation")
+    services = [o for o in routers if o["kind"] == "Service"]
+    check.expect(len(services) == 1, "expected one router Service")
+    for svc in services:
+        check.expect(subset(svc["spec"]["selector"], pod_labels(deploy)) and
+                     not any(subset(svc["spec"]["selector"], labels)
+                             for labels in c.sched_pods + c.worker_pods),
+                     "router Service does not select exactly the router pods")
+        check.expect(svc_ports(svc) == {"http": (r["port"], "http"), "metrics": (r["metricsPort"], "metrics")},
+                     f"router Service ports {svc_ports(svc)}")
+    check_api_account(objs, pod, "router", ROUTER_RULES, args, check)
+
+
+def check_selects_schedulers(selector, who, c, check):
+    """A selector of every group's scheduler pods of this release and of nothing else."""
+    check.expect(all(subset(selector, labels) for labels in c.sched_pods),
+                 f"{who} {selector} does not select every group's scheduler pods")
+    others = c.worker_pods + list(c.other_pods.values())
+    check.expect(not any(subset(selector, labels) for labels in others),
+                 f"{who} {selector} also selects pods other than the schedulers")
+    instance = c.sched_pods[0].get("app.kubernetes.io/instance")
+    check.expect(selector.get("app.kubernetes.io/instance") == instance and
+                 selector.get("app.kubernetes.io/component") == "scheduler" and
+                 GROUP_LABEL not in selector,
+                 f"{who} {selector} must name this release's instance ({instance}) and the "
+                 "scheduler component, and no group (other releases' schedulers stay out)")
+
+
+def check_api_account(objs, pod, who, rules, args, check):
+    """A pod that calls the Kubernetes API: its own ServiceAccount, bound to one Role with
+    exactly `rules` in this namespace."""
+    account = pod["spec"].get("serviceAccountName")
+    check.expect(("ServiceAccount", account) in {(o["kind"], o["metadata"]["name"]) for o in objs},
+                 f"{who}: ServiceAccount {account} not rendered")
+    check.expect(pod["spec"].get("automountServiceAccountToken") is not False,
+                 f"{who}: needs its API token mounted")
+    bindings = [b for b in objs if b.get("kind") == "RoleBinding" and
+                any(s.get("kind") == "ServiceAccount" and s.get("name") == account
+                    for s in b.get("subjects", []))]
+    check.expect(len(bindings) == 1, f"{who}: expected one RoleBinding of {account}, found {len(bindings)}")
+    for binding in bindings:
+        check.expect(binding.get("subjects") == [{"kind": "ServiceAccount", "name": account,
+                                                  "namespace": args.namespace}],
+                     f"{who}: RoleBinding {binding['metadata']['name']} binds {binding.get('subjects')}")
+        ref = binding.get("roleRef") or {}
+        roles = [o for o in objs if o.get("kind") == "Role" and o["metadata"]["name"] == ref.get("name")]
+        check.expect(ref.get("kind") == "Role" and ref.get("apiGroup") == "rbac.authorization.k8s.io" and
+                     len(roles) == 1, f"{who}: RoleBinding must refer to a rendered Role, got {ref}")
+        for role in roles:
+            got = sorted((tuple(sorted(r.get("apiGroups", []))), tuple(sorted(r.get("resources", []))),
+                          tuple(sorted(r.get("verbs", [])))) for r in role.get("rules", []))
+            check.expect(got == sorted(rules),
+                         f"{who}: Role {role['metadata']['name']} rules {got}, expected exactly {sorted(rules)}")
+
+
+def check_inference_pool(objs, c, args, check):
+    """The InferencePool selects every group's scheduler at the HTTP port and names the
+    endpoint picker's Service and port; the picker reads Conveyor's metric names."""
+    pools = [o for o in objs if o.get("kind") == "InferencePool"]
+    epp = [o for o in objs if component(o) == "endpoint-picker"]
+    if not c.pool:
+        check.expect(not pools and not epp, "InferencePool / endpoint picker rendered although disabled")
+        return
+    check.expect(len(pools) == 1, f"expected one InferencePool, found {len(pools)}")
+    deploys = [o for o in epp if o["kind"] == "Deployment"]
+    services = [o for o in epp if o["kind"] == "Service"]
+    check.expect(len(deploys) == 1 and len(services) == 1,
+                 "expected one endpoint picker Deployment and Service")
+    if len(pools) != 1 or len(deploys) != 1 or len(services) != 1:
+        return
+    pool, deploy, svc = pools[0], deploys[0], services[0]
+    spec = pool.get("spec") or {}
+    check.expect(pool.get("apiVersion") == "inference.networking.k8s.io/v1",
+                 f"InferencePool apiVersion {pool.get('apiVersion')}, expected inference.networking.k8s.io/v1")
+    check.expect(set(spec.get("selector") or {}) == {"matchLabels"},
+                 f"InferencePool selector must be matchLabels only: {spec.get('selector')}")
+    check_selects_schedulers((spec.get("selector") or {}).get("matchLabels") or {},
+                             "InferencePool selector", c, check)
+    check.expect(spec.get("targetPorts") == [{"number": c.s_http}],
+                 f"InferencePool targetPorts {spec.get('targetPorts')}, expected [{{number: {c.s_http}}}] "
+                 "(the schedulers' HTTP port)")
+    ref = spec.get("endpointPickerRef") or {}
+    check.expect(ref.get("name") == svc["metadata"]["name"] and ref.get("kind", "Service") == "Service" and
+                 ref.get("group", "") == "",
+                 f"InferencePool endpointPickerRef {ref} does not name the endpoint picker Service "
+                 f"{svc['metadata']['name']}")
+    check.expect(ref.get("failureMode") == c.pool["failureMode"],
+                 f"InferencePool failureMode {ref.get('failureMode')} != inferencePool.failureMode")
+    port = (ref.get("port") or {}).get("number")
+    svc_port = next((p for p in svc["spec"]["ports"] if p.get("port") == port), None)
+    check.expect(svc_port is not None and svc_port.get("appProtocol") == "http2",
+                 f"InferencePool endpointPickerRef port {port} is not an http2 (ext-proc) port of "
+                 f"Service {svc['metadata']['name']}: {svc['spec']['ports']}")
+    pod = deploy["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    ports = container_ports(container)
+    target = (svc_port or {}).get("targetPort")
+    flags = parse_args(container)
+    one = {k: v[0] for k, v in flags.items()}
+    check.expect(all(len(v) == 1 for v in flags.values()), "an endpoint picker flag is repeated")
+    check.expect(ports.get(target, target) == port and one.get("grpc-port") == str(port),
+                 f"endpoint picker: Service port {port} -> {target} is not its --grpc-port "
+                 f"{one.get('grpc-port')} (container ports {ports})")
+    check.expect(subset(svc["spec"]["selector"], pod_labels(deploy)) and
+                 not any(subset(svc["spec"]["selector"], labels) for labels in c.sched_pods + c.worker_pods),
+                 "endpoint picker Service does not select exactly the endpoint picker pods")
+    metric_flags = {k: one.get(k) for k in EPP_METRIC_FLAGS}
+    check.expect(metric_flags == EPP_METRIC_FLAGS,
+                 f"endpoint picker metric flags {metric_flags}, expected {EPP_METRIC_FLAGS} (docs/scaling.md)")
+    check.expect(one.get("pool-name") == pool["metadata"]["name"] and one.get("pool-namespace") == args.namespace,
+                 f"endpoint picker --pool-name/--pool-namespace {one.get('pool-name')}/{one.get('pool-namespace')}"
+                 f" != InferencePool {args.namespace}/{pool['metadata']['name']}")
+    check.expect(one.get("pool-group", "inference.networking.k8s.io") == "inference.networking.k8s.io",
+                 "endpoint picker --pool-group must be the GA group inference.networking.k8s.io")
+    check.expect(one.get("metrics-port") == str(EPP_METRICS_PORT) and ports.get("metrics") == EPP_METRICS_PORT,
+                 "endpoint picker --metrics-port / metrics container port")
+    health = one.get("grpc-health-port")
+    for probe in ("livenessProbe", "readinessProbe"):
+        grpc = (container.get(probe) or {}).get("grpc") or {}
+        check.expect(str(grpc.get("port")) == health and grpc.get("service") == "inference-extension",
+                     f"endpoint picker {probe} must be gRPC health on --grpc-health-port {health}")
+    config = one.get("config-file", "")
+    directory, _, filename = config.rpartition("/")
+    mount = next((m for m in container.get("volumeMounts", []) if m.get("mountPath") == directory), {})
+    volume = next((v for v in pod["spec"].get("volumes", []) if v["name"] == mount.get("name")), {})
+    maps = [o for o in objs if o.get("kind") == "ConfigMap" and
+            o["metadata"]["name"] == (volume.get("configMap") or {}).get("name")]
+    check.expect(len(maps) == 1 and filename in (maps[0].get("data") or {}),
+                 f"endpoint picker --config-file={config} is not a key of a rendered ConfigMap")
+    for cm in maps:
+        cfg = yaml.safe_load((cm.get("data") or {}).get(filename, "")) or {}
+        check.expect(cfg.get("kind") == "EndpointPickerConfig", "endpoint picker config is not an EndpointPickerConfig")
+    check.expect(deploy["spec"].get("replicas") == 1, "endpoint picker replicas must be 1 (no leader election)")
+    check_api_account(objs, pod, "endpoint picker", EPP_RULES, args, check)
+
+
+def check_rbac(objs, c, args, check):
+    """Only what service discovery needs: namespaced Roles, nothing cluster-wide."""
+    cluster = [o["metadata"]["name"] for o in objs if o.get("kind") in ("ClusterRole", "ClusterRoleBinding")]
+    check.expect(not cluster, f"cluster-wide RBAC rendered: {cluster}")
+    expected = (ROUTER_RULES if c.router else []) + (EPP_RULES if c.pool else [])
+    rules = [r for o in objs if o.get("kind") == "Role" for r in o.get("rules", [])]
+    for rule in rules:
+        verbs = set(rule.get("verbs", []))
+        check.expect(verbs <= {"get", "list", "watch"} and "*" not in rule.get("resources", []) and
+                     "*" not in rule.get("apiGroups", []),
+                     f"Role rule {rule} grants more than get/list/watch of named resources")
+    check.expect(len(rules) == len(expected), f"expected {len(expected)} Role rules, found {len(rules)}")
+    roles = [o for o in objs if o.get("kind") in ("Role", "RoleBinding")]
+    if not expected:
+        check.expect(not roles, "Roles rendered without a router or an endpoint picker")
 
 
 def check_scheduler_security(pod, container, flags, values, health_port, check):
@@ -595,11 +1059,23 @@ def check_scheduler_security(pod, container, flags, values, health_port, check):
                  f"scheduler: Secret volumes {sorted(secret_volumes - used)} are mounted but no flag reads them")
 
 
-def check_identity(objs, deploy, container, flags, identity, args, check):
-    """The scheduler's id: a Secret -> env (secretKeyRef) -> --scheduler_id=$(ENV)."""
-    key = identity["key"]
+def check_identity(i, objs, deploy, container, flags, c, args, check):
+    """Group i's scheduler id: a Secret -> env (secretKeyRef) -> --scheduler_id=$(ENV). Each
+    group has a Secret of its own (<...>-<i>-scheduler-id with several groups), or reads its
+    own key (<key>-<i>) of a shared existingSecret."""
+    identity = c.sched_v["identity"]
     existing = identity["existingSecret"]
-    secret_name = existing or f"{deploy['metadata']['name']}-id"[:63].rstrip("-")
+    key = f"{identity['key']}-{i}" if existing and c.n > 1 else identity["key"]
+    env_ref = next(((e.get("valueFrom") or {}).get("secretKeyRef") or {}
+                    for e in container.get("env") or [] if e.get("name") == ID_ENV), {})
+    if existing:
+        secret_name = existing
+    elif c.n == 1:
+        secret_name = f"{deploy['metadata']['name']}-id"[:63].rstrip("-")
+    elif str(env_ref.get("name", "")).endswith(f"-{i}-scheduler-id"):
+        secret_name = env_ref["name"]
+    else:
+        secret_name = f"<release>-{i}-scheduler-id"
     check.expect(flags.get("scheduler_id") == f"$({ID_ENV})",
                  f"scheduler --scheduler_id={flags.get('scheduler_id')}, expected $({ID_ENV}) "
                  "(the id from the Secret, through the env)")
@@ -618,12 +1094,13 @@ def check_identity(objs, deploy, container, flags, identity, args, check):
         check.expect(not secrets, "the chart must not create a Secret when "
                      f"scheduler.identity.existingSecret is set ({existing}): {len(secrets)} rendered")
         return
-    check.expect(len(secrets) == 1 and secrets[0]["metadata"]["name"] == secret_name,
-                 f"expected one Secret {secret_name} holding the scheduler's id, found "
+    mine = [o for o in secrets if o["metadata"]["name"] == secret_name]
+    check.expect(len(mine) == 1 and len(secrets) == c.n,
+                 f"expected one Secret {secret_name} holding the scheduler's id (one per group), found "
                  f"{[s['metadata']['name'] for s in secrets]}")
-    if len(secrets) != 1:
+    if len(mine) != 1:
         return
-    secret = secrets[0]
+    secret = mine[0]
     data = secret.get("data") or {}
     check.expect(secret.get("type") == "Opaque" and set(data) == {key} and "stringData" not in secret,
                  f"Secret {secret_name} must be Opaque with exactly data.{key}, got "

@@ -15,6 +15,9 @@
 #                        DIR/helm-sdk first; needs the network once, later runs are offline
 #   --require-helm       fail instead of skipping the real-Helm checks when it is missing
 # HELM_SDK_PYTHON=/path/to/python selects an interpreter that already has helm-python-sdk.
+# CONVEYOR_ROUTER_VENV (default /opt/conveyor-router-venv, as bench/run_router_bench.sh
+# makes it) holds vllm-router and sglang-router: the routers' own argument parsers then
+# check every router argument the chart renders (skipped when it is missing).
 #
 # Every check prints PASS, FAIL or SKIP; the last line is "N passed, M failed".
 set -uo pipefail
@@ -172,6 +175,9 @@ CASES=(
   "toggles|x|ns|deploy/tests/values/toggles.yaml"
   "secured|sec|prod|deploy/tests/values/secured.yaml"
   "secured-min|conveyor|edge|deploy/tests/values/secured-min.yaml"
+  "replicas|llama|llm|deploy/tests/values/replicas.yaml"
+  "sglang-router|conveyor|serving|deploy/tests/values/sglang-router.yaml"
+  "inference-pool|pool|gateway-test|deploy/tests/values/inference-pool.yaml"
 )
 for spec in "${CASES[@]}"; do
   IFS='|' read -r case release ns overlay <<<"$spec"
@@ -182,7 +188,7 @@ for spec in "${CASES[@]}"; do
   fi
   manifest="$OUT/go/$case.yaml"
   check "yamllint[$case] rendered manifests" yamllint -s -c "$TESTS/yamllint.yaml" "$manifest"
-  check "manifests[$case] kinds, ports, probes, GPUs, ranks, policies, grace, TLS/tokens" \
+  check "manifests[$case] kinds, ports, probes, GPUs, ranks, policies, grace, TLS/tokens, groups, routing" \
     "$PY" "$TESTS/check_manifests.py" "$manifest" --chart "$CHART" "${fargs[@]}" --namespace "$ns"
   check "self-test[$case] manifest checker catches broken manifests" \
     "$PY" "$TESTS/self_test.py" manifests "$manifest" --chart "$CHART" "${fargs[@]}" --namespace "$ns"
@@ -225,6 +231,14 @@ check "identity: each install generates its own scheduler id (Go stand-in)" new_
 [ -n "$HELM_PY" ] && check "identity: each install generates its own scheduler id (real Helm)" \
   new_id_per_install helm
 check "identity: helm upgrade keeps the scheduler id lookup finds (Go stand-in)" id_kept_on_upgrade
+# Several groups: each keeps its own id (tests/cluster/existing-group-ids.yaml).
+group_ids_kept_on_upgrade() {
+  "$RENDER" -chart "$CHART" -f "$TESTS/values/replicas.yaml" -name llama -namespace llm \
+    -lookup "$TESTS/cluster/existing-group-ids.yaml" -o "$OUT/go/upgrade-groups.yaml" &&
+    "$PY" "$TESTS/check_manifests.py" "$OUT/go/upgrade-groups.yaml" --chart "$CHART" \
+      -f "$TESTS/values/replicas.yaml" --namespace llm --lookup "$TESTS/cluster/existing-group-ids.yaml"
+}
+check "identity: helm upgrade keeps each replica group's id (Go stand-in)" group_ids_kept_on_upgrade
 
 # Values the chart must refuse, each with the message it must give (first line: "# expect: ...").
 expect_render_failure() {
@@ -315,10 +329,13 @@ accepts_chart_flags() {
   local binary=$1 kind=$2 manifest flags; shift 2
   for manifest in "$@"; do
     [ -s "$manifest" ] || continue
+    # The first scheduler Deployment / worker StatefulSet (every group's take the same flags).
     mapfile -t flags < <("$PY" -c 'import sys, yaml
 for d in yaml.safe_load_all(open(sys.argv[1])):
-    if d and d["kind"] == sys.argv[2]:
-        print("\n".join(d["spec"]["template"]["spec"]["containers"][0]["args"]))' "$manifest" "$kind")
+    labels = (d or {}).get("metadata", {}).get("labels") or {}
+    if d and d["kind"] == sys.argv[2] and labels.get("app.kubernetes.io/component") in ("scheduler", "worker"):
+        print("\n".join(d["spec"]["template"]["spec"]["containers"][0]["args"]))
+        break' "$manifest" "$kind")
     echo "${binary#"$REPO"/} ${flags[*]} --version"
     "$binary" "${flags[@]}" --version || return 1
   done
@@ -328,11 +345,56 @@ for spec in "conveyor-scheduler|Deployment" "conveyor-worker|StatefulSet"; do
   binary=$(newest_binary "$name")
   if [ -n "$binary" ]; then
     check "$name (${binary#"$REPO"/}) accepts every flag the chart passes" \
-      accepts_chart_flags "$binary" "$kind" "$OUT"/go/{default,tp2,cpu,toggles,secured,secured-min}.yaml
+      accepts_chart_flags "$binary" "$kind" \
+      "$OUT"/go/{default,tp2,cpu,toggles,secured,secured-min,replicas,sglang-router,inference-pool}.yaml
   else
     skip "$name flags" "no built $name under build*/"
   fi
 done
+
+# ---- The router's flags against the pinned routers -----------------------------------------
+# An unknown router flag stops the router: the pinned vllm-router / sglang-router must parse
+# every argument the chart renders (their own parse_router_args, which starts nothing) and
+# read from it the service discovery the chart meant.
+ROUTER_PY="${CONVEYOR_ROUTER_VENV:-/opt/conveyor-router-venv}/bin/python"
+router_accepts_chart_flags() {
+  local manifest
+  for manifest in "$@"; do
+    "$PY" - "$manifest" "$WORK/router-args.json" <<'EOF' || return 1
+import json, sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    labels = (d or {}).get("metadata", {}).get("labels") or {}
+    if d and d["kind"] == "Deployment" and labels.get("app.kubernetes.io/component") == "router":
+        json.dump(d["spec"]["template"]["spec"]["containers"][0]["args"], open(sys.argv[2], "w"))
+        break
+else:
+    sys.exit(f"no router Deployment in {sys.argv[1]}")
+EOF
+    echo "${manifest#"$OUT"/}: $(cat "$WORK/router-args.json")"
+    "$ROUTER_PY" - "$WORK/router-args.json" "$TESTS" <<'EOF' || return 1
+import importlib, importlib.metadata, json, sys
+sys.path.insert(0, sys.argv[2])
+from check_dockerfiles import ROUTER_PINS
+args = json.load(open(sys.argv[1]))
+package = "sglang-router" if args[0] == "launch" else "vllm-router"
+installed = importlib.metadata.version(package)
+assert installed == ROUTER_PINS[package], f"{package} {installed} installed, the chart pins {ROUTER_PINS[package]}"
+module = importlib.import_module(package.replace("-", "_") + ".launch_router")
+parsed = module.parse_router_args(args[1:] if package == "sglang-router" else args)
+print(package, installed, {k: getattr(parsed, k) for k in (
+    "host", "port", "policy", "service_discovery", "selector", "service_discovery_port",
+    "service_discovery_namespace", "prometheus_port", "health_check_interval_secs")})
+assert parsed.service_discovery and not parsed.worker_urls, "the router must discover its workers"
+assert parsed.selector.get("app.kubernetes.io/component") == "scheduler", parsed.selector
+EOF
+  done
+}
+if [ -x "$ROUTER_PY" ] && "$ROUTER_PY" -c 'import vllm_router, sglang_router' >/dev/null 2>&1; then
+  check "vllm-router and sglang-router parse every router flag the chart passes" \
+    router_accepts_chart_flags "$OUT"/go/{replicas,sglang-router}.yaml
+else
+  skip "router flags" "no vllm-router / sglang-router at $ROUTER_PY (bench/run_router_bench.sh installs them)"
+fi
 
 # ---- Docker helper -------------------------------------------------------------------------
 if command -v shellcheck >/dev/null; then

@@ -20,16 +20,32 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+GROUP_LABEL = "conveyor.ai/replica-group"
+
+
 def first(objs, kind):
     return next(o for o in objs if o["kind"] == kind)
+
+
+def component(obj):
+    return (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+
+
+def of(objs, kind, who):
+    """The objects of one kind and component, in rendering (group) order."""
+    return [o for o in objs if o["kind"] == kind and component(o) == who]
+
+
+def scheduler_deployment(objs, group=0):
+    return of(objs, "Deployment", "scheduler")[group]
 
 
 def worker_container(objs):
     return first(objs, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
 
 
-def scheduler_container(objs):
-    return first(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+def scheduler_container(objs, group=0):
+    return scheduler_deployment(objs, group)["spec"]["template"]["spec"]["containers"][0]
 
 
 def worker_policy(objs):
@@ -81,7 +97,7 @@ def m_missing_rank(objs):
 
 def m_short_grace(objs):
     drain = next(a for a in scheduler_container(objs)["args"] if a.startswith("--drain_timeout_s="))
-    pod = first(objs, "Deployment")["spec"]["template"]["spec"]
+    pod = scheduler_deployment(objs)["spec"]["template"]["spec"]
     pod["terminationGracePeriodSeconds"] = int(drain.split("=", 1)[1])
 
 
@@ -112,6 +128,12 @@ def m_wrong_backend(objs):
     c = worker_container(objs)
     backend = next(a for a in c["args"] if a.startswith("--backend="))
     set_arg(c, "backend", "cpu" if backend.endswith("cuda") else "cuda")
+
+
+def m_other_served_name(objs):
+    # One replica behind the router serving another name than the rest.
+    set_arg(scheduler_container(objs, len(of(objs, "Deployment", "scheduler")) - 1),
+            "served_model_name", "another-model")
 
 
 def id_env(objs):
@@ -152,7 +174,7 @@ def m_short_id(objs):
 
 def m_secret_despite_existing(objs):
     objs.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                 "metadata": dict(first(objs, "Deployment")["metadata"], name="extra-id"),
+                 "metadata": dict(scheduler_deployment(objs)["metadata"], name="extra-id"),
                  "data": {"scheduler-id": base64.b64encode(b"A" * 32).decode()}})
 
 
@@ -175,7 +197,7 @@ def volume(pod_spec, name):
 
 
 def sched_pod_spec(objs):
-    return first(objs, "Deployment")["spec"]["template"]["spec"]
+    return scheduler_deployment(objs)["spec"]["template"]["spec"]
 
 
 def worker_pod_spec(objs):
@@ -252,8 +274,187 @@ def m_health_port_open(objs):
         p["containerPort"] for p in worker_container(objs)["ports"] if p["name"] == "health")}]})
 
 
+# --- Model replicas (groups), router, InferencePool.
+
+def group_objects(objs, kind, group):
+    return next(o for o in objs if o["kind"] == kind and
+                (o["spec"]["template"]["metadata"]["labels"] if kind in ("Deployment", "StatefulSet")
+                 else o["spec"].get("selector") or {}).get(GROUP_LABEL) == str(group))
+
+
+def arg_of(container, flag):
+    return next(a for a in container["args"] if a.startswith(f"--{flag}=")).split("=", 1)[1]
+
+
+def m_workers_of_other_group(objs):
+    set_arg(scheduler_container(objs, 1), "workers", arg_of(scheduler_container(objs, 0), "workers"))
+
+
+def id_ref(objs, group):
+    return next(e for e in scheduler_container(objs, group)["env"]
+                if e["name"] == "CONVEYOR_SCHEDULER_ID")["valueFrom"]["secretKeyRef"]
+
+
+def m_shared_identity(objs):
+    id_ref(objs, 1).update(id_ref(objs, 0))
+
+
+def m_same_id_twice(objs):
+    secrets = [o for o in objs if o["kind"] == "Secret"]
+    secrets[1]["data"] = dict(secrets[0]["data"])
+
+
+def m_sts_selector_without_group(objs):
+    del group_objects(objs, "StatefulSet", 1)["spec"]["selector"]["matchLabels"][GROUP_LABEL]
+
+
+def m_one_group_short(objs):
+    objs.remove([o for o in objs if o["kind"] == "StatefulSet"][-1])
+
+
+def m_worker_np_all_schedulers(objs):
+    del worker_policy(objs)["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"][GROUP_LABEL]
+
+
+def m_worker_np_all_groups(objs):
+    del worker_policy(objs)["spec"]["podSelector"]["matchLabels"][GROUP_LABEL]
+
+
+def m_client_service_one_group(objs):
+    svc = next(o for o in of(objs, "Service", "scheduler") if o["spec"].get("clusterIP") != "None")
+    svc["spec"]["selector"][GROUP_LABEL] = "0"
+
+
+def m_sm_without_group(objs):
+    for ep in first(objs, "ServiceMonitor")["spec"]["endpoints"]:
+        ep["relabelings"] = [r for r in ep.get("relabelings", []) if "replica" not in str(r)]
+
+
+def m_single_group_labelled(objs):
+    scheduler_deployment(objs)["spec"]["template"]["metadata"]["labels"][GROUP_LABEL] = "0"
+
+
+def router_container(objs):
+    return of(objs, "Deployment", "router")[0]["spec"]["template"]["spec"]["containers"][0]
+
+
+def replace_word(container, old, new):
+    container["args"] = [new if a == old else a for a in container["args"]]
+
+
+def m_router_selects_workers(objs):
+    replace_word(router_container(objs), "app.kubernetes.io/component=scheduler",
+                 "app.kubernetes.io/component=worker")
+
+
+def m_router_selector_any_release(objs):
+    c = router_container(objs)
+    c["args"] = [a for a in c["args"] if not a.startswith("app.kubernetes.io/instance=")]
+
+
+def m_router_grpc_port(objs):
+    set_arg(router_container(objs), "service-discovery-port", arg_of(scheduler_container(objs), "port"))
+
+
+def m_router_other_namespace(objs):
+    set_arg(router_container(objs), "service-discovery-namespace", "default-other")
+
+
+def m_router_kv_aware(objs):
+    set_arg(router_container(objs), "policy", "kv_aware")
+
+
+def m_router_static_workers(objs):
+    c = router_container(objs)
+    c["args"] = [a for a in c["args"] if a != "--service-discovery"]
+
+
+def m_sglang_without_launch(objs):
+    c = router_container(objs)
+    c["args"] = [a for a in c["args"] if a != "launch"]
+
+
+def m_router_service_schedulers(objs):
+    of(objs, "Service", "router")[0]["spec"]["selector"]["app.kubernetes.io/component"] = "scheduler"
+
+
+def m_role_deletes_pods(objs):
+    first(objs, "Role")["rules"][0]["verbs"].append("delete")
+
+
+def m_cluster_role(objs):
+    role = dict(first(objs, "Role"), kind="ClusterRole")
+    objs.append(role)
+
+
+def m_no_router_policy(objs):
+    objs.remove(of(objs, "NetworkPolicy", "router")[0])
+
+
+def scheduler_policy(objs):
+    return next(o for o in of(objs, "NetworkPolicy", "scheduler")
+                if GROUP_LABEL not in o["spec"]["podSelector"]["matchLabels"])
+
+
+def m_http_closed_to_router(objs):
+    np = scheduler_policy(objs)
+    np["spec"]["ingress"] = [r for r in np["spec"]["ingress"] if "router" not in str(r.get("from"))]
+
+
+def epp_container(objs):
+    return of(objs, "Deployment", "endpoint-picker")[0]["spec"]["template"]["spec"]["containers"][0]
+
+
+def m_epp_vllm_kv_metric(objs):
+    set_arg(epp_container(objs), "kv-cache-usage-percentage-metric", "vllm:kv_cache_usage_perc")
+
+
+def m_epp_lora_default(objs):
+    c = epp_container(objs)
+    c["args"] = [a for a in c["args"] if not a.startswith("--lora-info-metric=")]
+
+
+def m_epp_pool_name(objs):
+    set_arg(epp_container(objs), "pool-name", "another-pool")
+
+
+def m_epp_config_missing(objs):
+    set_arg(epp_container(objs), "config-file", "/config/missing.yaml")
+
+
+def pool_spec(objs):
+    return first(objs, "InferencePool")["spec"]
+
+
+def m_pool_grpc_port(objs):
+    pool_spec(objs)["targetPorts"] = [{"number": int(arg_of(scheduler_container(objs), "port"))}]
+
+
+def m_pool_alpha_api(objs):
+    first(objs, "InferencePool")["apiVersion"] = "inference.networking.x-k8s.io/v1alpha2"
+
+
+def m_pool_selects_workers(objs):
+    pool_spec(objs)["selector"]["matchLabels"]["app.kubernetes.io/component"] = "worker"
+
+
+def m_pool_wrong_picker(objs):
+    pool_spec(objs)["endpointPickerRef"]["name"] = "some-other-epp"
+
+
+def m_pool_picker_metrics_port(objs):
+    pool_spec(objs)["endpointPickerRef"]["port"]["number"] = 9090
+
+
+def m_epp_reads_secrets(objs):
+    role = next(o for o in of(objs, "Role", "endpoint-picker"))
+    role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
+
+
 # name: (mutation, applies to: np/sm/gpu/cpu/secret/existing renderings or all, text the
 # failure must contain); secret: the chart made the identity Secret, existing: it did not.
+# groups: several model replicas; single: one; router, sglang, pool: those are on;
+# np-router: the schedulers' HTTP port admits the router by its pod labels.
 MANIFEST_MUTATIONS = {
     "worker NetworkPolicy admits other pods": (m_np_from_other_pods, "np", "is open to"),
     "worker NetworkPolicy open to all": (m_np_open_to_all, "np", "any source"),
@@ -270,6 +471,8 @@ MANIFEST_MUTATIONS = {
     "scheduler flag missing": (m_missing_flag, None, "scheduler flags"),
     "flag rendered as a float": (m_float_flag, None, "not an integer"),
     "wrong worker backend": (m_wrong_backend, None, "--backend="),
+    "a replica serves another model name": (m_other_served_name, "served",
+                                            "--served_model_name"),
     "identity Secret missing": (m_no_secret, "secret", "holding the scheduler's id"),
     "scheduler id written into the pod spec": (m_id_in_spec, None, "must come from secretKeyRef"),
     "--scheduler_id not from the env": (m_id_literal_arg, None, "--scheduler_id="),
@@ -297,6 +500,51 @@ MANIFEST_MUTATIONS = {
     "no --auth_tokens_file": (m_no_tokens_file, "auth", "scheduler flags"),
     "tokens from the wrong key": (m_tokens_wrong_key, "auth", "is not a file of Secret"),
     "worker health port open to all": (m_health_port_open, "np-tls-internal", "health port is open to"),
+    # Model replicas.
+    "a scheduler drives another group's workers": (m_workers_of_other_group, "groups",
+                                                   "group 1's scheduler --workers lists group 0's ranks"),
+    "two groups present one identity": (m_shared_identity, "groups", "groups share a scheduler identity"),
+    "two groups' Secrets hold one id": (m_same_id_twice, "groups-secret", "hold the same id"),
+    "a StatefulSet selects every group": (m_sts_selector_without_group, "groups",
+                                          f"carry {GROUP_LABEL}"),
+    "one group short": (m_one_group_short, "groups", "worker StatefulSets (replicas)"),
+    "worker port open to every group's scheduler": (m_worker_np_all_schedulers, "np-groups",
+                                                    "open to another group's pods"),
+    "worker policy covers every group": (m_worker_np_all_groups, "np-groups",
+                                         "also selects another group's workers"),
+    "scheduler Service reaches one group": (m_client_service_one_group, "groups",
+                                            "does not select the scheduler pods (group 1)"),
+    "ServiceMonitor drops the group": (m_sm_without_group, "sm-groups", "does not keep the replica group"),
+    "one replica gets a group label": (m_single_group_labelled, "single", f"carries no {GROUP_LABEL}"),
+    # Router.
+    "router discovers workers": (m_router_selects_workers, "router",
+                                 "does not select every group's scheduler pods"),
+    "router discovers any release's schedulers": (m_router_selector_any_release, "router",
+                                                  "must name this release's instance"),
+    "router calls the gRPC port": (m_router_grpc_port, "router", "--service-discovery-port="),
+    "router watches another namespace": (m_router_other_namespace, "router",
+                                         "--service-discovery-namespace="),
+    "router policy Conveyor cannot serve": (m_router_kv_aware, "router", "--policy=kv_aware"),
+    "router without service discovery": (m_router_static_workers, "router", "router flags"),
+    "sglang-router without launch": (m_sglang_without_launch, "sglang", "router arguments start with"),
+    "router Service selects the schedulers": (m_router_service_schedulers, "router",
+                                              "router Service does not select exactly the router pods"),
+    "Role may delete pods": (m_role_deletes_pods, "rbac", "grants more than get/list/watch"),
+    "cluster-wide Role": (m_cluster_role, "rbac", "cluster-wide RBAC"),
+    "no router NetworkPolicy": (m_no_router_policy, "np-router-any", "NetworkPolicy selecting the router pods"),
+    "schedulers' HTTP port closed to the router": (m_http_closed_to_router, "np-router",
+                                                   "not open to the router pods"),
+    # InferencePool and endpoint picker.
+    "picker reads vLLM's KV metric": (m_epp_vllm_kv_metric, "pool", "endpoint picker metric flags"),
+    "picker scrapes LoRA info": (m_epp_lora_default, "pool", "endpoint picker metric flags"),
+    "picker of another pool": (m_epp_pool_name, "pool", "--pool-name"),
+    "picker config not mounted": (m_epp_config_missing, "pool", "--config-file=/config/missing.yaml"),
+    "pool targets the gRPC port": (m_pool_grpc_port, "pool", "targetPorts"),
+    "pool on the alpha API": (m_pool_alpha_api, "pool", "InferencePool apiVersion"),
+    "pool selects workers": (m_pool_selects_workers, "pool", "InferencePool selector"),
+    "pool names another picker": (m_pool_wrong_picker, "pool", "endpointPickerRef"),
+    "pool's picker port is its metrics": (m_pool_picker_metrics_port, "pool", "http2 (ext-proc) port"),
+    "picker may read Secrets": (m_epp_reads_secrets, "pool", "expected exactly"),
 }
 
 
@@ -379,6 +627,29 @@ def run_manifests(args):
             features.add("np-tls-internal")
     if any(a.startswith("--auth_tokens_file=") for a in sched_args):
         features.add("auth")
+    if any(a.startswith("--served_model_name=") for a in sched_args):
+        features.add("served")
+    grouped = any(GROUP_LABEL in o["spec"]["template"]["metadata"]["labels"]
+                  for o in good if o["kind"] == "StatefulSet")
+    features.add("groups" if grouped else "single")
+    if grouped and "Secret" in kinds:
+        features.add("groups-secret")
+    if grouped and "NetworkPolicy" in kinds:
+        features.add("np-groups")
+    if grouped and "ServiceMonitor" in kinds:
+        features.add("sm-groups")
+    if of(good, "Deployment", "router"):
+        features.add("router")
+        if router_container(good)["args"][0] == "launch":
+            features.add("sglang")
+        if "NetworkPolicy" in kinds:
+            features.add("np-router-any")
+            if "router" in str(scheduler_policy(good)["spec"]["ingress"]):
+                features.add("np-router")
+    if "InferencePool" in kinds:
+        features.add("pool")
+    if "Role" in kinds:
+        features.add("rbac")
     checker = [sys.executable, os.path.join(HERE, "check_manifests.py"), "--chart", args.chart,
                "--namespace", args.namespace] + [x for v in args.values for x in ("-f", v)]
     if fails(checker + [args.good]):
@@ -392,7 +663,9 @@ def run_manifests(args):
                     (needs == "secret" and "Secret" not in kinds) or
                     (needs == "existing" and "Secret" in kinds) or
                     (needs == "gpu" and cpu) or (needs == "cpu" and not cpu) or
-                    (needs in ("tls-client", "tls-internal", "np-tls-internal", "auth") and
+                    (needs in ("tls-client", "tls-internal", "np-tls-internal", "auth", "groups",
+                               "single", "groups-secret", "np-groups", "sm-groups", "router",
+                               "sglang", "np-router-any", "np-router", "pool", "rbac", "served") and
                      needs not in features)):
                 continue
             objs = copy.deepcopy(good)

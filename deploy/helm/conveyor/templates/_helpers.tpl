@@ -27,38 +27,95 @@ contains it. Truncated to 63 characters (DNS label limit).
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Scheduler Deployment and Service name. */}}
-{{- define "conveyor.scheduler.name" -}}
-{{- printf "%s-scheduler" (include "conveyor.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{/*
+Model replicas: the number of scheduler + worker groups (replicas), validated.
+*/}}
+{{- define "conveyor.replicas" -}}
+{{- $n := .Values.replicas }}
+{{- if not (or (kindIs "float64" $n) (kindIs "int64" $n) (kindIs "int" $n)) }}
+{{- fail (printf "replicas must be a whole number of scheduler + worker groups (at least 1), not %q" (toString $n)) }}
+{{- end }}
+{{- if or (ne (toString (int $n)) (toString $n)) (lt (int $n) 1) }}
+{{- fail (printf "replicas must be a whole number of scheduler + worker groups (at least 1), not %s" (toString $n)) }}
+{{- end }}
+{{- int $n }}
 {{- end }}
 
 {{/*
-The Secret holding the scheduler's identity: scheduler.identity.existingSecret, or the
-chart's own <fullname>-scheduler-id.
+A group's templates run once per group, with `.` set to the group's context: the top-level
+objects plus "group", the index, built in each template as
+  (dict "Values" $.Values "Release" $.Release "Chart" $.Chart "Capabilities" $.Capabilities "group" $i)
+The helpers below name and label group i's objects when given that context, and what all
+groups share (the scheduler Service, its policy) when given the top-level one.
+*/}}
+
+{{/* "-<i>" in the names of group i's objects when there are several groups, "" with one. */}}
+{{- define "conveyor.groupSuffix" -}}
+{{- if and (hasKey . "group") (gt (int (include "conveyor.replicas" .)) 1) }}
+{{- printf "-%d" (int .group) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The name of one of a group's objects, <fullname>[-<group>]-<what>, at most `max` characters.
+With several groups the release part is shortened instead, so the group index survives; with
+one, the name is what it always was. Call with (dict "ctx" . "what" "worker" "max" 52).
+*/}}
+{{- define "conveyor.groupObjectName" -}}
+{{- $suffix := include "conveyor.groupSuffix" .ctx }}
+{{- $tail := printf "%s-%s" $suffix .what }}
+{{- if $suffix }}
+{{- printf "%s%s" (include "conveyor.fullname" .ctx | trunc (int (sub .max (len $tail))) | trimSuffix "-") $tail }}
+{{- else }}
+{{- printf "%s%s" (include "conveyor.fullname" .ctx) $tail | trunc (int .max) | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Scheduler name: of group .group's Deployment, or (top-level context) of the Service that
+reaches every group's scheduler.
+*/}}
+{{- define "conveyor.scheduler.name" -}}
+{{- include "conveyor.groupObjectName" (dict "ctx" . "what" "scheduler" "max" 63) }}
+{{- end }}
+
+{{/*
+The Secret holding a group's scheduler identity: scheduler.identity.existingSecret, or the
+chart's own <fullname>[-<group>]-scheduler-id, one per group.
 */}}
 {{- define "conveyor.scheduler.identitySecret" -}}
 {{- if .Values.scheduler.identity.existingSecret }}
 {{- .Values.scheduler.identity.existingSecret }}
+{{- else if include "conveyor.groupSuffix" . }}
+{{- include "conveyor.groupObjectName" (dict "ctx" . "what" "scheduler-id" "max" 63) }}
 {{- else }}
 {{- printf "%s-id" (include "conveyor.scheduler.name" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 
-{{/* The key of the identity in that Secret (a valid Secret data key). */}}
+{{/*
+The key of the identity in that Secret (a valid Secret data key). Every group has a Secret
+of its own; several groups that share one existingSecret read one key each, <key>-<group>,
+since two schedulers must never present the same id.
+*/}}
 {{- define "conveyor.scheduler.identityKey" -}}
 {{- $key := .Values.scheduler.identity.key }}
 {{- if not (regexMatch "^[-._a-zA-Z0-9]+$" (toString $key)) }}
 {{- fail (printf "scheduler.identity.key must be a Secret key (letters, digits, '-', '_', '.'), not %q" (toString $key)) }}
 {{- end }}
+{{- if .Values.scheduler.identity.existingSecret }}
+{{- printf "%s%s" (toString $key) (include "conveyor.groupSuffix" .) }}
+{{- else }}
 {{- $key }}
+{{- end }}
 {{- end }}
 
 {{/*
-Worker StatefulSet and headless Service name (they must match for stable pod DNS names).
-52 characters leave room for the pod ordinal and the controller-revision-hash label.
+A group's worker StatefulSet and headless Service name (they must match for stable pod DNS
+names). 52 characters leave room for the pod ordinal and the controller-revision-hash label.
 */}}
 {{- define "conveyor.worker.name" -}}
-{{- printf "%s-worker" (include "conveyor.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- include "conveyor.groupObjectName" (dict "ctx" . "what" "worker" "max" 52) }}
 {{- end }}
 
 {{- define "conveyor.labels" -}}
@@ -74,15 +131,34 @@ app.kubernetes.io/name: {{ include "conveyor.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{/* Labels of one component; call with (dict "ctx" $ "component" "scheduler"). */}}
+{{/*
+Labels of one component (and, in a group's context, of the group); call with
+(dict "ctx" $ "component" "scheduler").
+*/}}
 {{- define "conveyor.componentLabels" -}}
 {{ include "conveyor.labels" .ctx }}
 app.kubernetes.io/component: {{ .component }}
+{{- include "conveyor.groupLabel" .ctx }}
 {{- end }}
 
+{{/*
+Selector labels of one component; in a group's context (several groups) also the group's,
+so that no selector, Service or policy of one group reaches another's pods.
+*/}}
 {{- define "conveyor.componentSelectorLabels" -}}
 {{ include "conveyor.selectorLabels" .ctx }}
 app.kubernetes.io/component: {{ .component }}
+{{- include "conveyor.groupLabel" .ctx }}
+{{- end }}
+
+{{/*
+The label that tells the groups' pods apart, on a line of its own: conveyor.ai/replica-group
+"<i>" in group i's context when there are several groups, nothing otherwise.
+*/}}
+{{- define "conveyor.groupLabel" -}}
+{{- with include "conveyor.groupSuffix" . }}
+conveyor.ai/replica-group: {{ trimPrefix "-" . | quote }}
+{{- end }}
 {{- end }}
 
 {{- define "conveyor.serviceAccountName" -}}
@@ -265,4 +341,113 @@ makes a Secret without one fail the mount with a clear event instead of a missin
 {{- if and (or $client.enabled $internal.enabled $auth.tokensSecretName) (not (dig "fsGroup" nil (.Values.podSecurityContext | default dict))) }}
 {{- fail "podSecurityContext.fsGroup must be set when TLS or tokens are on: the mounted Secret files are mode 0440, root-owned, and readable by the pods' non-root user only through that group" }}
 {{- end }}
+{{- end }}
+
+{{/*
+Routing in front of the replicas: a router Deployment (router.*) or a Gateway API
+InferencePool with its endpoint picker (inferencePool.*). Both reach every group's scheduler
+pods by IP at scheduler.httpPort, selected by the scheduler's component labels (all groups).
+
+The routers the chart can run: the PyPI package versions deploy/docker/router.Dockerfile pins
+(the default image tag is <type>-<version>), the arguments before the flags (sglang-router's
+subcommand), and the policies and log levels each one's --help lists. kv_aware (vllm-router)
+is left out: it routes on the KV-cache events vLLM workers publish, which Conveyor does not.
+*/}}
+{{- define "conveyor.router.catalog" -}}
+vllm-router:
+  version: 0.1.17
+  subcommand: []
+  policies: [cache_aware, round_robin, power_of_two, random, consistent_hash, sticky_least_loaded]
+  logLevels: [debug, info, warning, error, critical]
+sglang-router:
+  version: 0.3.2
+  subcommand: [launch]
+  policies: [cache_aware, round_robin, power_of_two, random, manual]
+  logLevels: [debug, info, warn, error]
+{{- end }}
+
+{{- define "conveyor.router.name" -}}
+{{- printf "%s-router" (include "conveyor.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "conveyor.router.image" -}}
+{{- $router := index (include "conveyor.router.catalog" . | fromYaml) .Values.router.type }}
+{{- $tag := .Values.router.image.tag | default (printf "%s-%s" .Values.router.type $router.version) }}
+{{- printf "%s:%s" .Values.router.image.repository $tag }}
+{{- end }}
+
+{{/* A TCP port value: 1-65535, or the render fails naming the value. */}}
+{{- define "conveyor.port" -}}
+{{- $port := int .port }}
+{{- if or (lt $port 1) (gt $port 65535) }}
+{{- fail (printf "%s must be a port (1-65535), not %v" .name .port) }}
+{{- end }}
+{{- $port }}
+{{- end }}
+
+{{/*
+What routing in front of the replicas needs from the schedulers' HTTP port: that there is
+one, and that it is plaintext. `who` names the values that asked for it.
+*/}}
+{{- define "conveyor.validateRoutedHttp" -}}
+{{- if not (int .ctx.Values.scheduler.httpPort) }}
+{{- fail (printf "%s needs scheduler.httpPort: %s calls the schedulers' OpenAI HTTP API, which scheduler.httpPort: 0 turns off" .who .what) }}
+{{- end }}
+{{- if .ctx.Values.tls.clientApi.enabled }}
+{{- fail (printf "%s cannot be used with tls.clientApi.enabled: %s reaches each scheduler pod by IP and speaks plaintext HTTP to scheduler.httpPort, which then serves only TLS, with a certificate for the Service name and not for pod IPs%s. Set tls.clientApi.enabled=false and keep the schedulers private with networkPolicy.clients and auth.tokensSecretName (clients' bearer tokens pass through), terminating TLS %s" .who .what (ternary ", and asks for client certificates" "" (.ctx.Values.tls.clientApi.requireClientCert | default false)) .tlsAt) }}
+{{- end }}
+{{- end }}
+
+{{- define "conveyor.router.validate" -}}
+{{- $r := .Values.router }}
+{{- $catalog := include "conveyor.router.catalog" . | fromYaml }}
+{{- if not (hasKey $catalog (toString $r.type)) }}
+{{- fail (printf "router.type must be vllm-router or sglang-router, not %q" (toString $r.type)) }}
+{{- end }}
+{{- $router := index $catalog $r.type }}
+{{- if and (eq $r.type "vllm-router") (eq (toString $r.policy) "kv_aware") }}
+{{- fail (printf "router.policy kv_aware routes on the KV-cache events vLLM workers publish (ZMQ), which Conveyor does not: use one of %s" (join ", " $router.policies)) }}
+{{- end }}
+{{- if not (has (toString $r.policy) $router.policies) }}
+{{- fail (printf "router.policy %q is not a %s policy: use one of %s" (toString $r.policy) $r.type (join ", " $router.policies)) }}
+{{- end }}
+{{- if not (has (toString $r.logLevel) $router.logLevels) }}
+{{- fail (printf "router.logLevel %q is not a %s log level: use one of %s" (toString $r.logLevel) $r.type (join ", " $router.logLevels)) }}
+{{- end }}
+{{- include "conveyor.validateRoutedHttp" (dict "ctx" . "who" "router.enabled" "what" $r.type "tlsAt" "in front of the router") }}
+{{- $port := include "conveyor.port" (dict "name" "router.port" "port" $r.port) }}
+{{- $metrics := include "conveyor.port" (dict "name" "router.metricsPort" "port" $r.metricsPort) }}
+{{- if eq $port $metrics }}
+{{- fail "router.port and router.metricsPort must differ" }}
+{{- end }}
+{{- if lt (int $r.replicas) 1 }}
+{{- fail "router.replicas must be at least 1" }}
+{{- end }}
+{{- if lt (int $r.healthCheckIntervalS) 1 }}
+{{- fail "router.healthCheckIntervalS must be at least 1 (seconds)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The endpoint picker (EPP) of the InferencePool: Gateway API Inference Extension's reference
+implementation, whose ports are fixed here (ext-proc gRPC, gRPC health, metrics).
+*/}}
+{{- define "conveyor.epp.name" -}}
+{{- printf "%s-epp" (include "conveyor.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "conveyor.epp.grpcPort" -}}9002{{- end }}
+{{- define "conveyor.epp.healthPort" -}}9003{{- end }}
+{{- define "conveyor.epp.metricsPort" -}}9090{{- end }}
+
+{{- define "conveyor.inferencePool.validate" -}}
+{{- include "conveyor.validateRoutedHttp" (dict "ctx" . "who" "inferencePool.enabled" "what" "the gateway (and the endpoint picker, scraping /metrics)" "tlsAt" "at the Gateway") }}
+{{- if not (has (toString .Values.inferencePool.failureMode) (list "FailOpen" "FailClose")) }}
+{{- fail (printf "inferencePool.failureMode must be FailOpen or FailClose, not %q" (toString .Values.inferencePool.failureMode)) }}
+{{- end }}
+{{- end }}
+
+{{/* The model's name in the APIs: model.servedName, else the last part of model.path (what
+the scheduler defaults --served_model_name to). */}}
+{{- define "conveyor.servedModelName" -}}
+{{- .Values.model.servedName | default (base .Values.model.path) -}}
 {{- end }}
