@@ -8,6 +8,7 @@ StepPlan ContinuousPolicy::Plan(RequestPool& pool, Clock::time_point) {
   StepPlan plan;
   BlockManager& blocks = pool.blocks();
   int budget = limits_.max_step_tokens;
+  int scored_left = limits_.max_scored_tokens;
 
   // Running requests, highest priority and oldest first; victims come from the back.
   std::vector<Request*> running = pool.running();
@@ -17,7 +18,8 @@ StepPlan ContinuousPolicy::Plan(RequestPool& pool, Clock::time_point) {
        ++i) {
     Request* r = running[i];
     if (r->last_token_in_flight()) continue;  // Holds its blocks until the answer comes.
-    const int n = std::min(r->num_uncomputed(), budget);
+    const int n = WithinScoringBudget(*r, std::min(r->num_uncomputed(), budget), &scored_left);
+    if (n == 0) continue;  // Scores its prompt, and this step's scoring budget is spent.
     bool scheduled = true;
     while (!blocks.EnsureCapacity(r->blocks, r->num_computed + n)) {
       Request* victim = running[end - 1];
@@ -36,20 +38,26 @@ StepPlan ContinuousPolicy::Plan(RequestPool& pool, Clock::time_point) {
   // Admitting while preempting would only thrash.
   if (plan.preempted.empty()) {
     while (budget > 0 && static_cast<int>(pool.running().size()) < limits_.max_num_seqs &&
-           TryAdmit(pool, &budget, &plan)) {
+           TryAdmit(pool, &budget, &scored_left, &plan)) {
     }
   }
   plan.batch_slots = static_cast<int>(plan.sequences.size());
   return plan;
 }
 
-bool ContinuousPolicy::TryAdmit(RequestPool& pool, int* budget, StepPlan* plan) {
+bool ContinuousPolicy::TryAdmit(RequestPool& pool, int* budget, int* scored_left, StepPlan* plan) {
   Request* r = pool.NextToAdmit();
   if (r == nullptr) return false;
+  // A request that scores its prompt waits for a step with scoring budget left (it has
+  // no cached tokens: RequestPool::AcquirePrefix).
+  if (r->prompt_logprobs >= 0 && *scored_left <= 0) return false;
   BlockManager& blocks = pool.blocks();
   BlockManager::PrefixMatch match = pool.AcquirePrefix(*r);
-  const int n = std::min(r->num_tokens() - match.num_cached_tokens, *budget);
+  int scored = *scored_left;
+  const int n = WithinScoringBudget(
+      *r, std::min(r->num_tokens() - match.num_cached_tokens, *budget), &scored);
   if (!blocks.EnsureCapacity(match.table, match.num_cached_tokens + n)) return false;
+  *scored_left = scored;
   r->blocks = std::move(match.table);
   r->num_computed = match.num_cached_tokens;
   if (!r->scheduled_once) r->num_cached_prompt_tokens = match.num_cached_tokens;

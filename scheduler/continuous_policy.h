@@ -16,7 +16,7 @@ class ContinuousPolicy final : public BatchPolicy {
 
  private:
   // Schedules the head of the waiting queue if the budget and blocks allow it.
-  bool TryAdmit(RequestPool& pool, int* budget, StepPlan* plan);
+  bool TryAdmit(RequestPool& pool, int* budget, int* scored_left, StepPlan* plan);
 
   PolicyLimits limits_;
 };

@@ -48,7 +48,21 @@ struct PolicyLimits {
   int max_num_seqs = 64;             // Sequences in one step.
   int max_step_tokens = 2048;        // Tokens in one step (the budget).
   int max_context_tokens = 1 << 30;  // The model's context: no sequence grows past it.
+  // Prompt positions scored in one step (requests with prompt_logprobs): each keeps a
+  // vocabulary-wide row of logits on the worker until it is scored. ScoredTokensFor
+  // sizes it from the vocabulary.
+  int max_scored_tokens = 1 << 30;
 };
+
+// The bytes of logits one step may keep for scored prompt positions (4 per vocabulary
+// entry each), and the positions that makes for a vocabulary of `vocab_size` (at least 1).
+inline constexpr int64_t kScoredLogitsBytesPerStep = int64_t{256} << 20;
+int ScoredTokensFor(int vocab_size);
+
+// Of the `n` tokens `r` would compute next, those it may compute within what is left of
+// the step's scoring budget (`*scored_left`, reduced by the prompt positions it scores):
+// `n` for a request that scores none of them, else fewer, 0 when nothing is left.
+int WithinScoringBudget(const Request& r, int n, int* scored_left);
 
 class BatchPolicy {
  public:

@@ -2,6 +2,7 @@
 // that "computes" whatever a plan schedules and samples a dummy token at the end.
 #include "scheduler/policy.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -271,6 +272,57 @@ TEST_F(PolicyTest, RunToCompletionStillFormsABatchThatCannotBePadded) {
   const StepPlan plan = policy.Plan(*pool_, now_);
   EXPECT_EQ(plan.sequences.size(), 1u);
   EXPECT_EQ(blocks_->num_used_blocks(), 4);
+}
+
+// Prompt positions a plan has the workers score (requests with prompt_logprobs).
+int ScoredPositions(const StepPlan& plan) {
+  int scored = 0;
+  for (const ScheduledSequence& s : plan.sequences) {
+    const Request& r = *s.request;
+    if (r.prompt_logprobs < 0) continue;
+    scored += std::max(
+        0, std::min(r.num_computed + s.num_tokens, r.num_prompt_tokens - 1) - r.num_computed);
+  }
+  return scored;
+}
+
+TEST_F(PolicyTest, ScoredPromptsShareTheStepsScoringBudget) {
+  PolicyLimits limits{8, 100};
+  limits.max_scored_tokens = 10;
+  ContinuousPolicy continuous(limits);
+  StaticPolicy batched(limits, 3, 0);
+  for (BatchPolicy* policy :
+       {static_cast<BatchPolicy*>(&continuous), static_cast<BatchPolicy*>(&batched)}) {
+    SetUpPool(100);
+    Request* a = Add(25, 2);
+    a->prompt_logprobs = 0;
+    Request* b = Add(20, 2);  // Scores nothing: only the token budget holds it.
+    Request* c = Add(7, 2);
+    c->prompt_logprobs = 1;
+    StepPlan plan = policy->Plan(*pool_, now_);
+    ASSERT_EQ(plan.sequences.size(), 2u) << policy->name();
+    EXPECT_EQ(plan.sequences[0].num_tokens, 10);  // a: the whole budget...
+    EXPECT_EQ(plan.sequences[1].request, b);      // ...c waits, b does not.
+    EXPECT_EQ(plan.sequences[1].num_tokens, 20);
+    int steps = 0;
+    while (pool_->size() > 0 && ++steps < 100) {
+      EXPECT_LE(ScoredPositions(plan), 10) << policy->name();
+      EXPECT_LE(plan.num_tokens(), limits.max_step_tokens);
+      Run(plan, *policy);
+      now_ += 1s;
+      plan = policy->Plan(*pool_, now_);
+    }
+    EXPECT_EQ(pool_->size(), 0u) << policy->name();
+    // (A finished member of a static batch goes on as padding until the batch ends.)
+    for (const Request* r : {a, b, c}) EXPECT_TRUE(r->done) << policy->name();
+  }
+}
+
+TEST(ScoredTokensForTest, KeepsAStepsScoredLogitsUnder256MiB) {
+  EXPECT_EQ(ScoredTokensFor(8192), 8192);    // 32 KiB a row.
+  EXPECT_EQ(ScoredTokensFor(151936), 441);   // Qwen's vocabulary: 594 KiB a row.
+  EXPECT_EQ(ScoredTokensFor(100000000), 1);  // Always at least one.
+  EXPECT_GE(ScoredTokensFor(0), 1 << 30);    // Unknown: no limit.
 }
 
 TEST(MakePolicyTest, RejectsUnknownNamesAndBadLimits) {

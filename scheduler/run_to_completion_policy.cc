@@ -55,13 +55,16 @@ StepPlan RunToCompletionPolicy::Plan(RequestPool& pool, Clock::time_point now) {
     FormBatch(pool);
   }
   int budget = limits_.max_step_tokens;
+  int scored_left = limits_.max_scored_tokens;
   const int block_size = pool.blocks().block_size();
   for (Request* r : batch_) {
     ++plan.batch_slots;
     if (r->done) ++plan.wasted_slots;
     const int capacity = r->blocks.num_blocks() * block_size;
-    const int n = std::min({r->num_uncomputed(), budget, capacity - r->num_computed});
-    if (n <= 0) continue;  // Out of budget, or padding that filled its reservation.
+    const int n = WithinScoringBudget(
+        *r, std::min({r->num_uncomputed(), budget, capacity - r->num_computed}), &scored_left);
+    // Out of budget (tokens, or scoring), or padding that filled its reservation.
+    if (n <= 0) continue;
     plan.sequences.emplace_back(r, n);
     budget -= n;
   }

@@ -100,6 +100,7 @@ ReplicaSettings MakeReplicaSettings(const ServerConfig& config, const WorkerGrou
 
   s.policy = config.policy;
   s.policy.limits.max_context_tokens = model.max_context_tokens();
+  s.policy.limits.max_scored_tokens = ScoredTokensFor(model.vocab_size());
 
   s.engine.num_kv_blocks = workers.num_kv_blocks;
   s.engine.block_size = workers.block_size;

@@ -47,6 +47,53 @@ class LocalExecutor final : public StepExecutor {
 class EngineTest : public ::testing::Test {
  protected:
   // A fresh worker + engine with `num_blocks` KV blocks.
+  // PromptLogprobsScoreEachTokenAsDecodingWould, on a started engine.
+  void CheckPromptLogprobs() {
+    std::mt19937 rng(5);
+    std::vector<int32_t> prompt(23);
+    for (int32_t& t : prompt) t = 3 + rng() % (limits_.vocab_size - 3);
+    constexpr int kTop = 3;
+    auto scored = [&] {
+      return Submit(prompt, 2, [&](v1::GenerateRequest& r) { r.set_prompt_logprobs(kTop); });
+    };
+    auto first = scored();
+    ASSERT_TRUE(first->WaitDone());
+    auto again = scored();  // Its prefix is cached now; a scored prompt is computed whole.
+    std::vector<std::shared_ptr<RecordingSink>> references;
+    for (size_t p = 1; p < prompt.size(); ++p) {
+      references.push_back(Submit(std::vector<int32_t>(prompt.begin(), prompt.begin() + p), 1,
+                                  [&](v1::GenerateRequest& r) {
+                                    r.set_logprobs(kTop);
+                                    (*r.mutable_logit_bias())[prompt[p]] = 100;
+                                  }));
+    }
+    ASSERT_TRUE(again->WaitDone());
+    for (const auto& sink : {first, again}) {
+      ASSERT_TRUE(sink->status_.ok()) << sink->status_;
+      const v1::GenerateResponse& m = sink->first_;
+      ASSERT_EQ(m.prompt_logprobs_size(), static_cast<int>(prompt.size()));
+      EXPECT_EQ(m.prompt_logprobs(0).token().token_id(), prompt[0]);
+      EXPECT_EQ(m.prompt_logprobs(0).top_size(), 0);
+      EXPECT_EQ(sink->last_.prompt_logprobs_size(), 0);  // The first message only.
+    }
+    for (size_t p = 1; p < prompt.size(); ++p) {
+      SCOPED_TRACE(::testing::Message() << "prompt token " << p);
+      ASSERT_TRUE(references[p - 1]->WaitDone());
+      const v1::TokenLogprobs& want = references[p - 1]->first_.logprobs(0);
+      ASSERT_EQ(want.token().token_id(), prompt[p]);
+      for (const auto& sink : {first, again}) {
+        const v1::TokenLogprobs& got = sink->first_.prompt_logprobs(p);
+        EXPECT_EQ(got.token().token_id(), prompt[p]);
+        EXPECT_NEAR(got.token().logprob(), want.token().logprob(), 1e-4);
+        ASSERT_EQ(got.top_size(), kTop);
+        for (int k = 0; k < kTop; ++k) {
+          EXPECT_EQ(got.top(k).token_id(), want.top(k).token_id());
+          EXPECT_NEAR(got.top(k).logprob(), want.top(k).logprob(), 1e-4);
+        }
+      }
+    }
+  }
+
   void Start(const std::string& policy, int num_blocks, int max_num_seqs = 16,
              int max_step_tokens = 64, int max_queue = 1024, int max_steps_in_flight = 2,
              const Engine::Options::Speculative& speculative = {}) {
@@ -67,6 +114,7 @@ class EngineTest : public ::testing::Test {
     PolicyOptions options;
     options.name = policy;
     options.limits = {max_num_seqs, max_step_tokens};
+    options.limits.max_scored_tokens = max_scored_tokens_;
     options.batch_size = 4;
     options.batch_timeout_ms = 5;
     options.batch_window_ms = 2;
@@ -172,7 +220,8 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<LocalExecutor> executor_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ServingLimits limits_;
-  std::unique_ptr<Engine> engine_;  // Destroyed first: it uses everything above.
+  int max_scored_tokens_ = 1 << 30;  // The policy's PolicyLimits::max_scored_tokens.
+  std::unique_ptr<Engine> engine_;   // Destroyed first: it uses everything above.
   absl::StatusOr<uint64_t> last_id_;
 };
 
@@ -469,54 +518,19 @@ TEST_F(EngineTest, SeededSamplingRepeatsAndLogprobsArrive) {
   EXPECT_EQ(a->last_.logprobs(0).top_size(), 3);
 }
 
-// Each prompt token's score (prompt_logprobs, computed in chunks) is the logprob decoding
-// gives that token after the tokens before it: a request for the prefix, with the token
-// forced by logit_bias (which leaves logprobs alone).
+// Each prompt token's score (prompt_logprobs, computed in chunks: of the step's token
+// budget, or of its scoring budget) is the logprob decoding gives that token after the
+// tokens before it: a request for the prefix, with the token forced by logit_bias (which
+// leaves logprobs alone).
 TEST_F(EngineTest, PromptLogprobsScoreEachTokenAsDecodingWould) {
-  Start("continuous", 256, /*max_num_seqs=*/32, /*max_step_tokens=*/8);
-  engine_->Start();
-  std::mt19937 rng(5);
-  std::vector<int32_t> prompt(23);
-  for (int32_t& t : prompt) t = 3 + rng() % (limits_.vocab_size - 3);
-  constexpr int kTop = 3;
-  auto scored = [&] {
-    return Submit(prompt, 2, [&](v1::GenerateRequest& r) { r.set_prompt_logprobs(kTop); });
-  };
-  auto first = scored();
-  ASSERT_TRUE(first->WaitDone());
-  auto again = scored();  // Its prefix is cached now; a scored prompt is computed whole.
-  std::vector<std::shared_ptr<RecordingSink>> references;
-  for (size_t p = 1; p < prompt.size(); ++p) {
-    references.push_back(Submit(std::vector<int32_t>(prompt.begin(), prompt.begin() + p), 1,
-                                [&](v1::GenerateRequest& r) {
-                                  r.set_logprobs(kTop);
-                                  (*r.mutable_logit_bias())[prompt[p]] = 100;
-                                }));
-  }
-  ASSERT_TRUE(again->WaitDone());
-  for (const auto& sink : {first, again}) {
-    ASSERT_TRUE(sink->status_.ok()) << sink->status_;
-    const v1::GenerateResponse& m = sink->first_;
-    ASSERT_EQ(m.prompt_logprobs_size(), static_cast<int>(prompt.size()));
-    EXPECT_EQ(m.prompt_logprobs(0).token().token_id(), prompt[0]);
-    EXPECT_EQ(m.prompt_logprobs(0).top_size(), 0);
-    EXPECT_EQ(sink->last_.prompt_logprobs_size(), 0);  // The first message only.
-  }
-  for (size_t p = 1; p < prompt.size(); ++p) {
-    SCOPED_TRACE(::testing::Message() << "prompt token " << p);
-    ASSERT_TRUE(references[p - 1]->WaitDone());
-    const v1::TokenLogprobs& want = references[p - 1]->first_.logprobs(0);
-    ASSERT_EQ(want.token().token_id(), prompt[p]);
-    for (const auto& sink : {first, again}) {
-      const v1::TokenLogprobs& got = sink->first_.prompt_logprobs(p);
-      EXPECT_EQ(got.token().token_id(), prompt[p]);
-      EXPECT_NEAR(got.token().logprob(), want.token().logprob(), 1e-4);
-      ASSERT_EQ(got.top_size(), kTop);
-      for (int k = 0; k < kTop; ++k) {
-        EXPECT_EQ(got.top(k).token_id(), want.top(k).token_id());
-        EXPECT_NEAR(got.top(k).logprob(), want.top(k).logprob(), 1e-4);
-      }
-    }
+  for (const auto& [max_step_tokens, max_scored_tokens] :
+       {std::pair{8, 1 << 30}, std::pair{64, 5}}) {
+    SCOPED_TRACE(::testing::Message() << "max_step_tokens " << max_step_tokens
+                                      << ", max_scored_tokens " << max_scored_tokens);
+    max_scored_tokens_ = max_scored_tokens;
+    Start("continuous", 256, /*max_num_seqs=*/32, max_step_tokens);
+    engine_->Start();
+    CheckPromptLogprobs();
   }
 }
 
