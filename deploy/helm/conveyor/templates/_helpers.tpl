@@ -444,6 +444,13 @@ implementation, whose ports are fixed here (ext-proc gRPC, gRPC health, metrics)
 {{- if not (has (toString .Values.inferencePool.failureMode) (list "FailOpen" "FailClose")) }}
 {{- fail (printf "inferencePool.failureMode must be FailOpen or FailClose, not %q" (toString .Values.inferencePool.failureMode)) }}
 {{- end }}
+{{- /* The picker passes Conveyor's metric names as flags, which releases from v1.5.0 refuse
+at start (docs/scaling.md). A tag that is no version (a digest, a build of one's own) is
+taken as it is. */}}
+{{- $tag := toString .Values.inferencePool.epp.image.tag }}
+{{- if and (regexMatch "^v?[0-9]+[.][0-9]+[.][0-9]+" $tag) (semverCompare ">=1.5.0-0" $tag) }}
+{{- fail (printf "inferencePool.epp.image.tag %s: endpoint pickers from v1.5.0 refuse the metric-name flags the chart passes them (they take the names in their config file's engineConfigs instead, docs/scaling.md); use v1.3.0" $tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The model's name in the APIs: model.servedName, else the last part of model.path (what
