@@ -595,6 +595,11 @@ void Engine::OnToken(Request* r, const worker::v1::SampledToken& token, Clock::t
     dispatcher_.Send(r->sink, std::move(message));
     return;
   }
+  if (!verdict.stop_string.empty()) {
+    message.set_stop_string(std::move(verdict.stop_string));
+  } else if (verdict.stop_token_id.has_value()) {
+    message.set_stop_token_id(*verdict.stop_token_id);
+  }
   Finish(r, absl::OkStatus(), *verdict.finish, &message);
 }
 

@@ -44,11 +44,13 @@ StopChecker::Verdict StopChecker::Check(Request& r) const {
     verdict.finish = FinishReason::kEos;
   } else if (Contains(r.stop_token_ids, id)) {
     verdict.finish = FinishReason::kStop;
+    verdict.stop_token_id = id;
   } else {
     StopMatcher::Result result = r.stop_matcher->Feed(r.detokenizer->Append(id));
     verdict.text = ValidUtf8(result.emit);
     if (result.stopped) {
       verdict.finish = FinishReason::kStop;
+      verdict.stop_string = r.stop_matcher->matched();
       stop_string = true;
     }
   }
@@ -64,6 +66,8 @@ StopChecker::Verdict StopChecker::Check(Request& r) const {
     verdict.text.append(ValidUtf8(tail.emit));
     if (tail.stopped) {
       verdict.finish = FinishReason::kStop;
+      verdict.stop_string = r.stop_matcher->matched();
+      verdict.stop_token_id.reset();
     } else {
       verdict.text.append(ValidUtf8(r.stop_matcher->Flush()));
     }

@@ -7,6 +7,7 @@
 // engine, workers or clients needed to test it.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,6 +34,9 @@ class StopChecker {
     std::string text;
     // Set when generation ends at this token.
     std::optional<FinishReason> finish;
+    // With kStop: the stop string that occurred, or else the stop token id sampled.
+    std::string stop_string;
+    std::optional<int32_t> stop_token_id;
   };
 
   // Requests end with kLength once they hold `max_context_tokens` tokens.

@@ -30,6 +30,9 @@ std::vector<int> Bytes(std::string_view text) {
 struct Stream {
   std::vector<std::string> texts;  // One per token checked.
   std::optional<FinishReason> finish;
+  // The last verdict's: what ended it with kStop.
+  std::string stop_string;
+  std::optional<int32_t> stop_token_id;
 
   std::string text() const {
     std::string all;
@@ -72,6 +75,8 @@ class StopCheckerTest : public ::testing::Test {
       stream.texts.push_back(std::move(verdict.text));
       if (verdict.finish.has_value()) {
         stream.finish = verdict.finish;
+        stream.stop_string = std::move(verdict.stop_string);
+        stream.stop_token_id = verdict.stop_token_id;
         break;
       }
     }
@@ -132,6 +137,8 @@ TEST_F(StopCheckerTest, StopTokenIdEndsWithReasonStopAndNoText) {
   const Stream stream = Generate(*r, {ByteToken('o'), ByteToken('k'), stop_id, ByteToken('x')});
   EXPECT_EQ(stream.texts, (std::vector<std::string>{"o", "k", ""}));
   EXPECT_EQ(stream.finish, FinishReason::kStop);
+  EXPECT_EQ(stream.stop_token_id, stop_id);  // Which one (vLLM's stop_reason).
+  EXPECT_EQ(stream.stop_string, "");
 }
 
 TEST_F(StopCheckerTest, StopTokenIdReleasesHeldBackTextAsEosDoes) {
@@ -158,6 +165,8 @@ TEST_F(StopCheckerTest, StopStringAcrossTokensIsCutAndNeverStreamed) {
   // "c" and "cd" could begin the stop string, so they wait; "e" completes it.
   EXPECT_EQ(stream.texts, (std::vector<std::string>{"a", "b", "", "", ""}));
   EXPECT_EQ(stream.finish, FinishReason::kStop);
+  EXPECT_EQ(stream.stop_string, "cde");  // Which one (Anthropic's stop_sequence).
+  EXPECT_FALSE(stream.stop_token_id.has_value());
 }
 
 TEST_F(StopCheckerTest, HeldBackTextIsReleasedOnceItCannotBeAStop) {
@@ -210,6 +219,7 @@ TEST_F(StopCheckerTest, TextFlushedAtTheEndCanStillCompleteAStopString) {
   const Stream stream = Generate(*r, {ByteToken('a'), ByteToken(0xE4)});
   EXPECT_EQ(stream.text(), "");
   EXPECT_EQ(stream.finish, FinishReason::kStop);
+  EXPECT_EQ(stream.stop_string, "a\uFFFD");
 }
 
 }  // namespace

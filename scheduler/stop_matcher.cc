@@ -34,6 +34,7 @@ StopMatcher::Result StopMatcher::Feed(std::string_view text) {
   // is where generation would have stopped had the text come one byte at a time.
   size_t stop_start = std::string::npos;
   size_t stop_end = std::string::npos;
+  const std::string* first = nullptr;
   for (const std::string& stop : stop_strings_) {
     const size_t start = held_.find(stop);
     if (start == std::string::npos) continue;
@@ -41,10 +42,12 @@ StopMatcher::Result StopMatcher::Feed(std::string_view text) {
     if (end < stop_end || (end == stop_end && start < stop_start)) {
       stop_start = start;
       stop_end = end;
+      first = &stop;
     }
   }
-  if (stop_start != std::string::npos) {
+  if (first != nullptr) {
     stopped_ = true;
+    matched_ = *first;
     Result result{held_.substr(0, CharacterStart(held_, stop_start)), true};
     held_.clear();
     return result;

@@ -35,8 +35,9 @@ class StopMatcher {
   // a stop.
   std::string Flush();
 
-  // Whether a stop string has occurred.
+  // Whether a stop string has occurred, and which (empty before).
   bool stopped() const { return stopped_; }
+  const std::string& matched() const { return matched_; }
 
  private:
   // Start of the longest tail of held_ that is a proper prefix of a stop string, or
@@ -48,6 +49,7 @@ class StopMatcher {
   // Text fed but not yet emitted: never holds a whole stop string.
   std::string held_;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace conveyor::scheduler

@@ -86,12 +86,15 @@ TEST(StopMatcherTest, SelfOverlappingStopString) {
 
 TEST(StopMatcherTest, FirstCompletedStopStringWins) {
   StopMatcher matcher({"world", "lo w"});
+  EXPECT_EQ(matcher.matched(), "");
   EXPECT_EQ(matcher.Feed("hello world"), (Result{"hel", true}));
+  EXPECT_EQ(matcher.matched(), "lo w");
 }
 
 TEST(StopMatcherTest, LongerStopStringWinsATie) {
   StopMatcher matcher({"bc", "abc"});
   EXPECT_EQ(matcher.Feed("xabc"), (Result{"x", true}));
+  EXPECT_EQ(matcher.matched(), "abc");
 }
 
 TEST(StopMatcherTest, MultiByteStopString) {

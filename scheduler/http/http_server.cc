@@ -94,6 +94,13 @@ Endpoint EndpointFor(Route route) {
   }
 }
 
+// The client's credential: its Authorization header, else Anthropic's x-api-key header
+// (what the Messages API's clients send) as a bearer token.
+std::string Credential(const HttpRequestHead& head) {
+  if (!head.authorization.empty() || head.api_key.empty()) return head.authorization;
+  return absl::StrCat("Bearer ", head.api_key);
+}
+
 HttpResponse Json200(std::string body) { return {200, kJsonType, std::move(body), {}}; }
 
 // The error in the shape of the endpoint's API (Anthropic's for /v1/messages).
@@ -613,9 +620,9 @@ std::optional<HttpResponse> HttpServer::CheckHead(const HttpRequestHead& head) {
                     route == Route::kServerInfo || route == Route::kModelInfo ||
                     route == Route::kLoad;
   if (!open && authenticator_ != nullptr) {
-    if (absl::Status auth = authenticator_->Authenticate(head.authorization).status(); !auth.ok()) {
+    if (absl::Status auth = authenticator_->Authenticate(Credential(head)).status(); !auth.ok()) {
       if (metrics_ != nullptr) metrics_->CountRejected(auth.code(), FrontEnd::kHttp);
-      return ErrorResponse(auth);
+      return ErrorResponse(auth, EndpointFor(route));
     }
   }
   return std::nullopt;
@@ -678,7 +685,7 @@ void HttpServer::Handle(HttpRequest request, std::shared_ptr<HttpExchange> excha
   auto grant = std::make_shared<TokenAuthenticator::Grant>();
   if (authenticator_ != nullptr) {
     absl::StatusOr<TokenAuthenticator::Grant> admitted =
-        authenticator_->Admit(request.head().authorization);
+        authenticator_->Admit(Credential(request.head()));
     if (!admitted.ok()) return Reject(admitted.status(), *exchange, endpoint);
     *grant = std::move(*admitted);
   }

@@ -430,6 +430,7 @@ class Connection final : public ConnectionBase,
     head_.method = std::string(request.method_string());
     head_.path = std::string(target.substr(0, target.find('?')));
     head_.authorization = std::string(request[http::field::authorization]);
+    head_.api_key = std::string(request["x-api-key"]);
     if (std::optional<HttpResponse> refusal = shared_->handler->CheckHead(head_)) {
       // A request with a body left unread cannot be followed by another.
       const bool body_unread = !parser_->is_done();

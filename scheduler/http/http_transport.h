@@ -52,6 +52,7 @@ struct HttpRequestHead {
   std::string method;         // "GET", "POST", ...
   std::string path;           // The target without its query.
   std::string authorization;  // The Authorization header ("" without one).
+  std::string api_key;        // The x-api-key header, Anthropic's clients' credential.
 };
 
 // A request whose body has been read. Holds its body's share of the transport's

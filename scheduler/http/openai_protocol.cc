@@ -426,6 +426,18 @@ Json FinishReasonJson(v1::FinishReason reason) {
   return name.empty() ? Json() : Json(name);
 }
 
+// vLLM's stop_reason: the stop string that ended the answer, or the stop token id, or null.
+Json StopReasonJson(const v1::GenerateResponse& last) {
+  switch (last.stop_reason_case()) {
+    case v1::GenerateResponse::kStopString:
+      return last.stop_string();
+    case v1::GenerateResponse::kStopTokenId:
+      return last.stop_token_id();
+    default:
+      return nullptr;
+  }
+}
+
 // A chat answer that called tools ends with "tool_calls" where the model ended it.
 Json ChatFinishReasonJson(v1::FinishReason reason, bool called_tools) {
   if (called_tools && (reason == v1::FINISH_REASON_EOS || reason == v1::FINISH_REASON_STOP)) {
@@ -825,9 +837,10 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
     std::string scratch;
     const std::string& text = TextWithEcho(message, &scratch);
     if (!text.empty() || has_logprobs || final) {
-      sse->append(
-          Chunk(absl::StrCat(index_field_, R"(,"text":)", Dump(Json(text)), R"(,"logprobs":)",
-                             logprobs, R"(,"finish_reason":)", finish, "}")));
+      sse->append(Chunk(absl::StrCat(
+          index_field_, R"(,"text":)", Dump(Json(text)), R"(,"logprobs":)", logprobs,
+          R"(,"finish_reason":)", finish,
+          final ? absl::StrCat(R"(,"stop_reason":)", Dump(StopReasonJson(message))) : "", "}")));
     }
   } else {
     ChatDelta split = NextChatDelta(message);
@@ -852,9 +865,10 @@ void ResponseFormatter::AppendEvents(const v1::GenerateResponse& message, std::s
     }
     // OpenAI ends a chat stream's choice with an empty delta carrying the reason.
     if (final) {
-      sse->append(Chunk(absl::StrCat(
-          index_field_, R"(,"delta":{},"logprobs":null,"finish_reason":)",
-          Dump(ChatFinishReasonJson(message.finish_reason(), tool_calls_made_ > 0)), "}")));
+      sse->append(Chunk(
+          absl::StrCat(index_field_, R"(,"delta":{},"logprobs":null,"finish_reason":)",
+                       Dump(ChatFinishReasonJson(message.finish_reason(), tool_calls_made_ > 0)),
+                       R"(,"stop_reason":)", Dump(StopReasonJson(message)), "}")));
     }
   }
   if (final) usage_ = message.usage();
@@ -891,6 +905,7 @@ void ResponseFormatter::Add(const v1::GenerateResponse& message) {
   if (logprobs_) AppendLogprobs(message, &logprobs_json_);
   if (final) {
     finish_reason_ = message.finish_reason();
+    stop_reason_ = StopReasonJson(message);
     usage_ = message.usage();
     if (tool_parser_ != nullptr) FinishToolCalls();
   }
@@ -930,6 +945,7 @@ Json ResponseFormatter::ChoiceJson() const {
   choice["finish_reason"] = endpoint_ == Endpoint::kChatCompletions
                                 ? ChatFinishReasonJson(finish_reason_, tool_calls_made_ > 0)
                                 : FinishReasonJson(finish_reason_);
+  choice["stop_reason"] = stop_reason_;
   return choice;
 }
 

@@ -272,6 +272,7 @@ class ResponseFormatter final : public AnswerFormatter {
   ParsedToolCalls parsed_calls_;
   Json logprobs_json_;
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
+  Json stop_reason_;  // vLLM's stop_reason (StopReasonJson).
   v1::Usage usage_;
 };
 

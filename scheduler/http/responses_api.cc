@@ -489,6 +489,7 @@ void BlockFormatter::Feed(const v1::GenerateResponse& message, std::string* sse)
   if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
     Close(sse);
     finish_reason_ = message.finish_reason();
+    stop_string_ = message.stop_string();
     usage_ = message.usage();
   }
 }
@@ -676,10 +677,17 @@ std::string MessagesFormatter::StopReason() const {
     case v1::FINISH_REASON_LENGTH:
       return "max_tokens";
     case v1::FINISH_REASON_STOP:
-      return called_tools() ? "tool_use" : "stop_sequence";
+      // A stop token (the template's end of turn) ends a turn; a stop string is one of
+      // the request's stop_sequences.
+      if (called_tools()) return "tool_use";
+      return stop_string().empty() ? "end_turn" : "stop_sequence";
     default:
       return called_tools() ? "tool_use" : "end_turn";
   }
+}
+
+Json MessagesFormatter::StopSequence() const {
+  return StopReason() == "stop_sequence" ? Json(stop_string()) : Json();
 }
 
 Json MessagesFormatter::ContentBlock(const Block& block, bool done) const {
@@ -740,10 +748,10 @@ void MessagesFormatter::OnClose(const Block&, int index, std::string* sse) {
 }
 
 void MessagesFormatter::AppendEnd(const v1::Usage& usage, std::string* sse) {
-  sse->append(
-      Sse("message_delta", {{"type", "message_delta"},
-                            {"delta", {{"stop_reason", StopReason()}, {"stop_sequence", nullptr}}},
-                            {"usage", UsageJson(usage, true)}}));
+  sse->append(Sse("message_delta",
+                  {{"type", "message_delta"},
+                   {"delta", {{"stop_reason", StopReason()}, {"stop_sequence", StopSequence()}}},
+                   {"usage", UsageJson(usage, true)}}));
   sse->append(Sse("message_stop", {{"type", "message_stop"}}));
 }
 
@@ -760,7 +768,7 @@ std::string MessagesFormatter::WholeBody(const std::vector<const AnswerFormatter
                {"model", model_},
                {"content", std::move(content)},
                {"stop_reason", StopReason()},
-               {"stop_sequence", nullptr},
+               {"stop_sequence", StopSequence()},
                {"usage", UsageJson(usage(), true)}});
 }
 

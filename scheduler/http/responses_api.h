@@ -66,6 +66,8 @@ class BlockFormatter : public AnswerFormatter {
 
   const std::vector<Block>& blocks() const { return blocks_; }
   v1::FinishReason finish_reason() const { return finish_reason_; }
+  // The stop string that ended the answer ("" when none did).
+  const std::string& stop_string() const { return stop_string_; }
   bool called_tools() const;
 
  private:
@@ -79,6 +81,7 @@ class BlockFormatter : public AnswerFormatter {
   std::vector<Block> blocks_;
   bool open_ = false;  // Whether the last block is open.
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
+  std::string stop_string_;
   v1::Usage usage_;
 };
 
@@ -131,6 +134,8 @@ class MessagesFormatter final : public BlockFormatter {
   void OnClose(const Block& block, int index, std::string* sse) override;
   Json ContentBlock(const Block& block, bool done) const;
   std::string StopReason() const;
+  // The stop_sequence that ended the message, or null.
+  Json StopSequence() const;
 
   const std::string id_;
   const std::string model_;

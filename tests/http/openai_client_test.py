@@ -272,10 +272,30 @@ class OpenAiClientTest(unittest.TestCase):
             stopped = self.complete(max_tokens=24, stop=stop_arg)
             self.assertEqual(stopped.choices[0].text, base[:start], stop_arg)
             self.assertEqual(stopped.choices[0].finish_reason, "stop")
+            # vLLM's stop_reason: which stop string ended it.
+            self.assertEqual(stopped.choices[0].model_extra["stop_reason"], stop)
             self.assertLess(stopped.usage.completion_tokens, 24)
+        self.assertIsNone(self.complete(max_tokens=4).choices[0].model_extra["stop_reason"])
         text, chunks = self.stream_completion(max_tokens=24, stop=stop)
         self.assertEqual(text, base[:start])
         self.assertEqual(chunks[-1].choices[0].finish_reason, "stop")
+        self.assertEqual(chunks[-1].choices[0].model_extra["stop_reason"], stop)
+        # Anthropic's stop_sequences: stop_reason "stop_sequence" names the one that ended it.
+        client = self.anthropic_client()
+        kwargs = dict(model=ARGS.model, max_tokens=24,
+                      messages=[{"role": "user", "content": "hi"}],
+                      extra_body={"temperature": 0, "ignore_eos": True})
+        full = client.messages.create(**kwargs)
+        self.assertIsNone(full.stop_sequence)
+        answer = full.content[0].text
+        start = next(i for i in range(3, len(answer) - 3)
+                     if answer.find(answer[i:i + 3]) == i
+                     and all(32 < ord(c) < 127 for c in answer[i:i + 3]))
+        cut = client.messages.create(stop_sequences=["\u2603never", answer[start:start + 3]],
+                                     **kwargs)
+        self.assertEqual(cut.stop_reason, "stop_sequence")
+        self.assertEqual(cut.stop_sequence, answer[start:start + 3])
+        self.assertEqual(cut.content[0].text, answer[:start])
 
     def test_logprobs(self):
         whole = self.complete(max_tokens=6, logprobs=3)

@@ -338,6 +338,9 @@ TEST_F(SecuredServerTest, HttpsNeedsTheTokenAndRefusesPlainHttp) {
   EXPECT_EQ(Curl(base + "/v1/models", ca), 401);
   EXPECT_EQ(Curl(base + "/v1/models", ca + " -H 'Authorization: Bearer wrong-0123456789abc'"), 401);
   EXPECT_EQ(Curl(base + "/v1/models", ca + " -H 'Authorization: Bearer " + kBobToken + "'"), 200);
+  // Anthropic's clients send the token as x-api-key.
+  EXPECT_EQ(Curl(base + "/v1/models", ca + " -H 'x-api-key: " + kBobToken + "'"), 200);
+  EXPECT_EQ(Curl(base + "/v1/models", ca + " -H 'x-api-key: wrong-0123456789abc'"), 401);
   // What scrapers and routers poll is open (docs/security.md); rendering a prompt is not.
   for (const char* open : {"/metrics", "/server_info", "/model_info", "/get_load"}) {
     EXPECT_EQ(Curl(base + open, ca), 200) << open;
