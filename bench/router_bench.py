@@ -32,10 +32,36 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 
+def _listen_ports():
+    """Ports below the kernel's ephemeral range: no client socket is ever given one as its
+    source port, and no free_port() of another test (they pick ephemeral ports) returns
+    one, so a replica restarted on the same ports finds them still free."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(10000, max(low, 11000))
+
+
+_picked = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, outside the ephemeral range, not returned before."""
+    ports = _listen_ports()
+    for _ in range(1000):
+        port = random.randrange(ports.start, ports.stop)
+        if port in _picked:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _picked.add(port)
+        return port
+    raise SystemExit("no free port below the ephemeral range")
 
 
 def http_get(port, path, timeout=2.0):
@@ -85,7 +111,7 @@ class Replica:
                               f"--metrics_port={self.metrics_port}",
                               f"--kv_cache_bytes={a.kv_cache_bytes}"], stdout=log, stderr=log)]
         deadline = time.time() + 120
-        while time.time() < deadline:
+        while time.time() < deadline and all(p.poll() is None for p in self.procs):
             try:
                 if http_get(self.http_port, "/health")[0] == 200:
                     return
