@@ -48,15 +48,16 @@ StepPlan ContinuousPolicy::Plan(RequestPool& pool, Clock::time_point) {
 bool ContinuousPolicy::TryAdmit(RequestPool& pool, int* budget, int* scored_left, StepPlan* plan) {
   Request* r = pool.NextToAdmit();
   if (r == nullptr) return false;
-  // A request that scores its prompt waits for a step with scoring budget left (it has
-  // no cached tokens: RequestPool::AcquirePrefix).
-  if (r->prompt_logprobs >= 0 && *scored_left <= 0) return false;
   BlockManager& blocks = pool.blocks();
   BlockManager::PrefixMatch match = pool.AcquirePrefix(*r);
+  // The scoring budget counts from r's first uncached token: a request that scores its
+  // prompt takes no cached tokens (RequestPool::AcquirePrefix), and has computed none.
   int scored = *scored_left;
   const int n = WithinScoringBudget(
       *r, std::min(r->num_tokens() - match.num_cached_tokens, *budget), &scored);
-  if (!blocks.EnsureCapacity(match.table, match.num_cached_tokens + n)) return false;
+  // Nothing fits (it scores its prompt and the step's scoring budget is spent), or its
+  // blocks do not: it waits for a later step.
+  if (n == 0 || !blocks.EnsureCapacity(match.table, match.num_cached_tokens + n)) return false;
   *scored_left = scored;
   r->blocks = std::move(match.table);
   r->num_computed = match.num_cached_tokens;

@@ -94,6 +94,11 @@ Endpoint EndpointFor(Route route) {
   }
 }
 
+// Before SetEngine: the workers are not initialised yet.
+absl::Status NotReadyError() {
+  return absl::UnavailableError("no model worker is ready yet; retry shortly");
+}
+
 // The client's credential: its Authorization header, else Anthropic's x-api-key header
 // (what the Messages API's clients send) as a bearer token.
 std::string Credential(const HttpRequestHead& head) {
@@ -583,7 +588,7 @@ HttpResponse HttpServer::RouterInfo(std::string_view path) const {
   const Route route = Resolve(path);
   // The bodies are written before engine_ is published.
   if (engine_.load() == nullptr) {
-    return ErrorResponse(absl::UnavailableError("no model worker is ready yet; retry shortly"));
+    return ErrorResponse(NotReadyError());
   }
   if (route == Route::kServerInfo) return Json200(server_info_body_);
   if (route == Route::kModelInfo) return Json200(model_info_body_);
@@ -662,8 +667,7 @@ void HttpServer::Handle(HttpRequest request, std::shared_ptr<HttpExchange> excha
     case Route::kCompletionsRender:
     case Route::kChatRender: {
       if (engine_.load() == nullptr) {
-        return Reject(absl::UnavailableError("no model worker is ready yet; retry shortly"),
-                      *exchange);
+        return Reject(NotReadyError(), *exchange);
       }
       const Endpoint endpoint = EndpointFor(Resolve(request.head().path));
       auto owned = std::make_shared<HttpRequest>(std::move(request));
@@ -690,8 +694,7 @@ void HttpServer::Handle(HttpRequest request, std::shared_ptr<HttpExchange> excha
     *grant = std::move(*admitted);
   }
   if (engine_.load() == nullptr) {
-    return Reject(absl::UnavailableError("no model worker is ready yet; retry shortly"), *exchange,
-                  endpoint);
+    return Reject(NotReadyError(), *exchange, endpoint);
   }
   // Parsing, the chat template and tokenizing take time in proportion to the body: off the
   // I/O threads.

@@ -242,16 +242,14 @@ class ResponseFormatter final : public AnswerFormatter {
   const bool logprobs_;
   const int top_logprobs_;
   const int index_;
-  const std::string index_field_;
+  const std::string index_field_;  // {"index":N, as every chunk's choice opens.
   // Echo: the prompt's text, sent before the first message's; then empty.
   std::string echo_text_;
   // `message`'s text, after the echoed prompt the first time (then built in `scratch`).
-  const std::string& TextWithEcho(
-      const v1::GenerateResponse& message,
-      std::string* scratch);  // {"index":N, as every chunk's choice opens.
-  const Json head_;           // id, object, created, model.
-  std::string chunk_head_;    // A chunk's JSON up to its choices: {"id":...,"choices":[
-  int text_offset_ = 0;       // Completions' text_offset of the next token.
+  const std::string& TextWithEcho(const v1::GenerateResponse& message, std::string* scratch);
+  const Json head_;         // id, object, created, model.
+  std::string chunk_head_;  // A chunk's JSON up to its choices: {"id":...,"choices":[
+  int text_offset_ = 0;     // Completions' text_offset of the next token.
   // Finishes the tool-call parse of a whole response (non-streaming).
   void FinishToolCalls();
   // A streamed chunk's tool_calls array for `calls`.
